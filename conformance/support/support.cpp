@@ -1,0 +1,25 @@
+#include "tdc/conformance/support.h"
+
+#include "tdc/comm/backend_registry.h"
+#include "tdc/harness/harness.h"
+
+namespace tdc::conformance {
+
+comm::GroupPtr world() {
+  const auto& c = harness::ctx();
+  // The default group is per thread; in the env launcher one thread runs many tests, each with
+  // its own store, so a group made for an earlier test is replaced.
+  thread_local std::string made_for;
+  if (comm::is_initialized() && made_for == c.test_id) return comm::default_group();
+  if (comm::is_initialized()) comm::destroy_process_group();
+  if (!c.backend_lib.empty()) comm::BackendRegistry::instance().load_plugin(c.backend_lib);
+  comm::GroupOptions opts;
+  opts.backend = c.backend;
+  opts.device_type = c.device_type;
+  opts.name = "world";
+  auto g = comm::init_process_group(c.store, c.rank, c.world_size, opts);
+  made_for = c.test_id;
+  return g;
+}
+
+}  // namespace tdc::conformance

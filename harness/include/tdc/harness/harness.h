@@ -1,0 +1,115 @@
+// tdc harness: one GoogleTest body, run on N ranks.
+//
+//   TDC_DIST_SUITE(CommTest, .world_size = 4);          // defaults for every test of a suite
+//   TDC_DIST_TEST(CommTest, AllReduceSum) {             // runs on every rank
+//     auto& c = tdc::harness::ctx();                    // rank, world_size, store, temp_dir, ...
+//     EXPECT_EQ(...);                                   // failures reach the parent as "[rank r] ..."
+//   }
+//   TDC_DIST_TEST(CommTest, Big, .world_size = 2, .timeout_s = 120) { ... }
+//
+// Launchers (flag --tdc_launcher / env TDC_LAUNCHER): fork (default), thread, spawn, env.
+// See docs/writing-a-distributed-test.md. This header depends on LibTorch's c10d Store and
+// GoogleTest only; it never includes tdc's implementation headers.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include <ATen/core/Generator.h>
+#include <c10/core/Device.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+namespace tdc::harness {
+
+enum class Launcher { Fork, Thread, Spawn, Env };
+const char* to_string(Launcher l);
+Launcher launcher_from_string(const std::string& s);  // throws std::invalid_argument
+
+// Options of one distributed test. Zero / unset fields take the suite default, then the
+// run default. Use designated initializers: TDC_DIST_TEST(S, N, .world_size = 2).
+struct TestOptions {
+  int world_size = 0;                   // ranks; default 4
+  double timeout_s = 0;                 // per-test deadline; default --tdc_timeout (60 s)
+  std::optional<Launcher> launcher{};   // force a launcher (else the run's launcher)
+  int num_threads = 0;                  // at::set_num_threads per rank; default 1
+  std::optional<uint64_t> seed{};       // identical on every rank; default 1234
+  int min_gpus = 0;                     // skip_if_lt_x_gpu(min_gpus) before any rank starts
+};
+
+// What a rank sees. Valid inside a rank body (any launcher), on the rank's own thread.
+struct RankContext {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  Launcher launcher = Launcher::Fork;
+  std::string test_id;                   // "Suite.Name"
+  c10::intrusive_ptr<c10d::Store> store; // fresh rendezvous store for this test (all ranks)
+  std::filesystem::path temp_dir;        // private (0700) per-test dir, removed afterwards
+  std::string backend;                   // requested c10d backend ("gloo", "nccl", plug-in name)
+  std::string backend_lib;               // plug-in library to load, or empty
+  std::string device_type;               // "cpu" or "cuda"
+  c10::Device device{c10::kCPU};         // this rank's device (cuda: local_rank % count)
+  uint64_t seed = 1234;
+  at::Generator rank_generator;          // a CPU generator seeded with seed + rank
+};
+
+// The calling rank's context; throws std::logic_error outside a rank body.
+const RankContext& ctx();
+bool in_rank();
+
+// Store-based barrier over every rank of the current test (does not need a process group).
+void barrier();
+
+// Number of accelerator devices visible to this process (0 on a CPU-only build or host).
+int device_count();
+
+// ------------------------------------------------------------------ registration (macros use these)
+using Body = void (*)();
+void register_suite_options(const char* suite, const TestOptions& options);
+// Runs `body` on every rank and reports the outcome to GoogleTest (failure / skip).
+void run_distributed(const char* suite, const char* name, const TestOptions& options, Body body);
+
+struct SuiteRegistrar {
+  SuiteRegistrar(const char* suite, const TestOptions& o) { register_suite_options(suite, o); }
+};
+
+}  // namespace tdc::harness
+
+#define TDC_DIST_SUITE(Suite, ...)                                                   \
+  static ::tdc::harness::SuiteRegistrar tdc_suite_registrar_##Suite(#Suite,          \
+                                                                    ::tdc::harness::TestOptions{__VA_ARGS__})
+
+#define TDC_DIST_TEST(Suite, Name, ...)                                              \
+  static void Suite##_##Name##_TdcBody();                                            \
+  TEST(Suite, Name) {                                                                \
+    ::tdc::harness::run_distributed(#Suite, #Name, ::tdc::harness::TestOptions{__VA_ARGS__}, \
+                                    &Suite##_##Name##_TdcBody);                      \
+  }                                                                                  \
+  static void Suite##_##Name##_TdcBody()
+
+// ------------------------------------------------------------------ skips (inside a rank body)
+// A skip on any rank skips the test with its reason; ranks that disagree are reported.
+#define TDC_SKIP_IF(cond, reason) \
+  if (cond) GTEST_SKIP() << reason
+
+#define TDC_SKIP_IF_LT_X_GPU(n)                                                      \
+  TDC_SKIP_IF(::tdc::harness::device_count() < (n),                                  \
+              "skip_if_lt_x_gpu(" << (n) << "): need at least " << (n)               \
+                                  << " accelerator devices, found "                  \
+                                  << ::tdc::harness::device_count())
+
+#define TDC_SKIP_UNLESS_BACKEND(name)                                                \
+  TDC_SKIP_IF(::tdc::harness::ctx().backend != (name),                               \
+              "needs backend '" << (name) << "', run uses '"                         \
+                                << ::tdc::harness::ctx().backend << "'")
+
+#define TDC_SKIP_UNLESS_DEVICE(type)                                                 \
+  TDC_SKIP_IF(::tdc::harness::ctx().device_type != (type),                           \
+              "needs device '" << (type) << "', run uses '"                          \
+                               << ::tdc::harness::ctx().device_type << "'")
+
+// The implementation under test lacks a feature: reported as NOT_SUPPORTED, never PASS.
+#define TDC_NOT_SUPPORTED(feature) GTEST_SKIP() << "[NOT_SUPPORTED] " << feature

@@ -1,0 +1,87 @@
+// The results model: one run = run_info + one record per test. Written as JSON
+// (docs/results-schema.md) and JUnit XML. One writer for both, used by test binaries and `tdc run`.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace tdc::harness {
+
+enum class Status { Pass, Fail, Skip, NotSupported, XFail, XPass, Timeout, Crash };
+const char* to_string(Status s);
+Status status_from_string(const std::string& s);  // throws std::invalid_argument
+// A status that makes a run fail (FAIL, XPASS, TIMEOUT, CRASH).
+bool is_failure(Status s);
+
+struct RankDetail {
+  int rank = 0;
+  std::string status;        // "pass", "fail", "skip", "crash", "timeout", "aborted", "unknown"
+  std::string message;       // this rank's failures / skip reason / signal
+  double duration_s = 0;
+  std::optional<int> exit_code;
+  std::optional<int> signal;
+};
+
+struct TestResult {
+  std::string id;            // "Suite.Name"
+  std::string suite;
+  std::string name;
+  Status status = Status::Pass;
+  double duration_s = 0;
+  std::string message;       // empty on PASS
+  int world_size = 0;
+  std::string launcher;
+  std::vector<RankDetail> ranks;
+  std::string expectation;   // reason from the expectations file, if one applied
+};
+
+struct RunInfo {
+  std::string implementation = "tdc-reference";
+  std::string implementation_version;
+  std::string backend = "gloo";
+  std::string device = "cpu";
+  int world_size = 0;        // the largest world size used by the run's tests
+  std::string launcher = "fork";
+  std::string suite_revision;
+  std::string tdc_version;
+  std::string libtorch_version;
+  std::string host;
+  std::string started_at;    // ISO-8601 UTC
+  double duration_s = 0;
+};
+
+struct RunResults {
+  int schema_version = 1;
+  RunInfo run_info;
+  std::vector<TestResult> tests;
+
+  std::map<Status, int> counts() const;
+  bool ok() const;  // no failure status
+};
+
+nlohmann::json to_json(const RunResults& r);
+RunResults results_from_json(const nlohmann::json& j);  // throws std::runtime_error naming the field
+RunResults read_results(const std::filesystem::path& p);
+// Atomic: written to a temp name, then renamed.
+void write_results_json(const RunResults& r, const std::filesystem::path& p);
+void write_junit_xml(const RunResults& r, const std::filesystem::path& p);
+
+// Expectations: {"tests": {"Suite.Name": {"status": "FAIL|SKIP|...", "reason": "..."}}}
+// A test expected to fail that fails becomes XFAIL; one that passes becomes XPASS.
+struct Expectation {
+  Status status;
+  std::string reason;
+};
+using Expectations = std::map<std::string, Expectation>;
+Expectations read_expectations(const std::filesystem::path& p);
+void apply_expectations(TestResult& t, const Expectations& e);
+
+std::string iso_now();
+std::string hostname();
+
+}  // namespace tdc::harness

@@ -1,0 +1,78 @@
+// Process groups over c10d backends (Gloo on CPU, NCCL on CUDA, plug-ins), and the default
+// ("world") group of the calling rank. The default group is per thread, so thread-launched
+// ranks each have their own.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+namespace tdc::comm {
+
+struct GroupOptions {
+  std::string backend = "gloo";                       // registry name
+  std::string device_type = "cpu";                    // device the group's tensors live on
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  std::string name;                                   // for messages; default "world" / "group<k>"
+};
+
+class ProcessGroup {
+ public:
+  // Collective: every rank in [0, size) must call it with the same store and options.
+  static std::shared_ptr<ProcessGroup> create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                              int size, const GroupOptions& options,
+                                              std::vector<int> global_ranks = {});
+
+  int rank() const { return rank_; }               // rank inside this group
+  int size() const { return size_; }
+  const std::vector<int>& global_ranks() const { return global_ranks_; }
+  int global_rank(int group_rank) const { return global_ranks_.at(group_rank); }
+  const std::string& name() const { return options_.name; }
+  const std::string& backend_name() const { return options_.backend; }
+  const std::string& device_type() const { return options_.device_type; }
+  const GroupOptions& options() const { return options_; }
+  c10d::Backend& backend() const { return *backend_; }
+  const c10::intrusive_ptr<c10d::Backend>& backend_ptr() const { return backend_; }
+  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+
+  // What the backend does natively; everything else is emulated by tdc::comm (visibly: see
+  // docs/architecture.md, "Emulations").
+  bool native_avg() const { return native_avg_; }
+  bool native_reduce_scatter() const { return native_reduce_scatter_; }
+
+  ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend,
+               int rank, int size, GroupOptions options, std::vector<int> global_ranks);
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  int rank_, size_;
+  GroupOptions options_;
+  std::vector<int> global_ranks_;
+  bool native_avg_ = false;
+  bool native_reduce_scatter_ = false;
+};
+using GroupPtr = std::shared_ptr<ProcessGroup>;
+
+// ---------------------------------------------------------------- the default group (per thread)
+// Creates the world group for this rank and makes it the default. `store` is shared by all ranks.
+GroupPtr init_process_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
+                            const GroupOptions& options = {});
+bool is_initialized();
+GroupPtr default_group();  // throws std::logic_error naming the missing init_process_group
+void destroy_process_group();
+
+// A group over `ranks` (global ranks, any order, no duplicates) made from the world's store.
+// Only members take part and get a group; non-members get nullptr and need not call it.
+// Members must create their groups in the same order.
+GroupPtr new_group(const std::vector<int>& ranks, const GroupOptions& options = {});
+
+// `group` itself, or the default group when null.
+const GroupPtr& resolve(const GroupPtr& group);
+
+}  // namespace tdc::comm

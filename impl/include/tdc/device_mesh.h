@@ -1,0 +1,61 @@
+// DeviceMesh: an N-d arrangement of the world's ranks with named dims and a process group per
+// dim (torch.distributed.device_mesh). Ranks are laid out row-major: mesh = arange(world).view(shape).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "tdc/comm/process_group.h"
+
+namespace tdc {
+
+class DeviceMesh {
+ public:
+  const std::string& device_type() const;
+  int64_t ndim() const;
+  std::vector<int64_t> shape() const;
+  int64_t size() const;                   // number of ranks in the mesh
+  int64_t size(int64_t dim) const;
+  const std::vector<std::string>& mesh_dim_names() const;
+  at::Tensor mesh() const;                // int64 tensor of global ranks, shape()
+
+  // Slicing by dim name(s): mesh["dp"], mesh[{"dp", "tp"}]. The result reuses the parent's
+  // per-dim groups. Throws std::invalid_argument naming an unknown dim and the known ones.
+  DeviceMesh operator[](const std::string& name) const;
+  DeviceMesh operator[](const std::vector<std::string>& names) const;
+
+  // The group of dim `dim` that contains the calling rank. get_group() is for 1-D meshes.
+  comm::GroupPtr get_group(int64_t dim) const;
+  comm::GroupPtr get_group(const std::string& name) const;
+  comm::GroupPtr get_group() const;
+  int64_t get_local_rank(int64_t dim) const;
+  int64_t get_local_rank(const std::string& name) const;
+  int64_t get_local_rank() const;           // 1-D meshes
+  int64_t get_rank() const;                 // global rank of the caller
+  std::vector<int64_t> get_coordinate() const;  // caller's coordinate in this mesh
+
+  // Flattens all dims into one named dim with its own group (DeviceMesh._flatten). The name
+  // defaults to the dim names joined by "_". Collective over the mesh's ranks.
+  DeviceMesh flatten(const std::string& name = "") const;
+
+  int64_t dim_index(const std::string& name) const;  // throws on unknown names
+  std::string to_string() const;            // "DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp'))"
+
+  struct State;
+  explicit DeviceMesh(std::shared_ptr<const State> state);
+
+ private:
+  std::shared_ptr<const State> state_;
+};
+
+// Collective over the world: every rank calls it with the same arguments. The product of
+// `shape` must equal the world size (std::invalid_argument otherwise, naming both); names,
+// when given, must be unique and one per dim. Uses the default process group's store.
+DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<int64_t>& shape,
+                            const std::vector<std::string>& mesh_dim_names = {});
+
+}  // namespace tdc
