@@ -17,4 +17,4 @@ add_library(tdc_deps INTERFACE)
 target_link_libraries(tdc_deps INTERFACE ${TORCH_LIBRARIES} GTest::gtest GTest::gmock
   nlohmann_json::nlohmann_json Threads::Threads)
 target_compile_definitions(tdc_deps INTERFACE FMT_HEADER_ONLY=1)
-target_compile_options(tdc_deps INTERFACE -Wall -Wno-unused-parameter -Wno-sign-compare)
+target_compile_options(tdc_deps INTERFACE -fPIC -Wall -Wno-unused-parameter -Wno-sign-compare)
