@@ -1,1 +1,409 @@
-// placeholder: being written
+// launch(): one body on N ranks, for every launcher; run_distributed(): the GoogleTest glue.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <numeric>
+
+#include <ATen/Parallel.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "process.h"
+
+namespace tdc::harness {
+
+namespace detail {
+namespace {
+
+RankContext make_context(const LaunchSpec& spec, int rank, int local_rank,
+                         c10::intrusive_ptr<c10d::Store> store, const std::string& temp_dir) {
+  const RunSettings& s = settings();
+  RankContext c;
+  c.rank = rank;
+  c.world_size = spec.world_size;
+  c.local_rank = local_rank;
+  c.launcher = spec.launcher;
+  c.test_id = spec.suite + "." + spec.name;
+  c.store = std::move(store);
+  c.store->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(spec.timeout_s * 1000) + 5000));
+  c.temp_dir = temp_dir;
+  c.backend = s.backend;
+  c.backend_lib = s.backend_lib;
+  c.device_type = s.device_type;
+  c.seed = spec.seed;
+  if (s.device_type == "cuda") {
+    int n = device_count();
+    c.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(n > 0 ? local_rank % n : 0));
+  }
+  c.rank_generator = at::detail::createCPUGenerator(spec.seed + static_cast<uint64_t>(rank));
+  return c;
+}
+
+struct Pipes {
+  int events[2] = {-1, -1};
+  int output[2] = {-1, -1};
+  Pipes() {
+    if (pipe2(events, O_CLOEXEC) != 0 || pipe2(output, O_CLOEXEC) != 0)
+      throw std::runtime_error(fmt::format("pipe2 failed: {}", std::strerror(errno)));
+  }
+};
+
+// Child side right after fork(): own process group, die with the parent, output to the pipe.
+void become_rank_process(pid_t parent, const Pipes& p, const std::vector<int>& close_fds) {
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(1);  // the parent died between fork and prctl
+  reset_signal_handlers_in_child();
+  dup2(p.output[1], 1);
+  dup2(p.output[1], 2);
+  for (int fd : close_fds) ::close(fd);
+  ::close(p.output[0]);
+  ::close(p.events[0]);
+}
+
+ChildProc parent_side(pid_t pid, Pipes& p, std::vector<int> ranks, const std::string& stacks) {
+  setpgid(pid, pid);  // also here, so a kill(-pid) right after fork cannot miss
+  track_child(pid);
+  ::close(p.events[1]);
+  ::close(p.output[1]);
+  ChildProc c;
+  c.pid = pid;
+  c.events_fd = p.events[0];
+  c.output_fd = p.output[0];
+  c.ranks = std::move(ranks);
+  c.stacks_path = stacks;
+  return c;
+}
+
+pid_t checked_fork() {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error(fmt::format("fork failed: {}", std::strerror(errno)));
+  return pid;
+}
+
+std::string stacks_file(const std::string& dir, int idx) { return fmt::format("{}/stacks.{}", dir, idx); }
+
+void run_rank_in_child(const LaunchSpec& spec, int rank, const std::string& temp_dir, int events_fd,
+                       const std::function<void()>& body) {
+  install_rank_signal_handlers(stacks_file(temp_dir, rank), rank);
+  int rc = 0;
+  try {
+    auto store = c10::make_intrusive<c10d::FileStore>(temp_dir + "/store", spec.world_size);
+    RankContext c = make_context(spec, rank, rank, store, temp_dir);
+    EventSink sink(events_fd);
+    run_rank(c, body, sink, spec.num_threads);
+  } catch (const std::exception& e) {  // store construction etc.; run_rank itself never throws
+    std::fprintf(stderr, "tdc: rank %d could not start: %s\n", rank, e.what());
+    rc = 3;
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  _exit(rc);
+}
+
+// ---------------------------------------------------------------- fork / spawn / thread
+Outcome launch_local(const LaunchSpec& spec, const std::function<void()>& body) {
+  const std::string temp_dir = make_temp_dir(spec.suite + "." + spec.name);
+  const pid_t parent = getpid();
+  Outcome outcome;
+  std::vector<std::string> outputs;
+  {
+    Supervisor sup(spec, temp_dir);
+    std::vector<int> parent_fds;  // read ends held by the parent: children close them
+    if (spec.launcher == Launcher::Thread) {
+      Pipes p;
+      std::vector<int> all(spec.world_size);
+      std::iota(all.begin(), all.end(), 0);
+      pid_t pid = checked_fork();
+      if (pid == 0) {
+        become_rank_process(parent, p, parent_fds);
+        install_rank_signal_handlers(stacks_file(temp_dir, 0), -1);
+        if (spec.num_threads > 0) at::set_num_threads(spec.num_threads);
+        at::manual_seed(spec.seed);
+        auto store = c10::make_intrusive<c10d::HashStore>();
+        EventSink sink(p.events[1]);
+        std::vector<RankContext> contexts;
+        for (int r = 0; r < spec.world_size; ++r)
+          contexts.push_back(make_context(spec, r, r, store, temp_dir));
+        std::vector<std::thread> threads;
+        for (int r = 0; r < spec.world_size; ++r) {
+          threads.emplace_back([&, r] {
+            pthread_setname_np(pthread_self(), fmt::format("tdc-rank{}", r).c_str());
+            run_rank(contexts[r], body, sink, 0);
+          });
+        }
+        for (auto& t : threads) t.join();
+        std::fflush(stdout);
+        std::fflush(stderr);
+        _exit(0);
+      }
+      sup.add(parent_side(pid, p, all, stacks_file(temp_dir, 0)));
+    } else {
+      for (int r = 0; r < spec.world_size; ++r) {
+        Pipes p;
+        pid_t pid = checked_fork();
+        if (pid == 0) {
+          become_rank_process(parent, p, parent_fds);
+          if (spec.launcher == Launcher::Spawn) {
+            // fork+exec of this test binary, filtered to this test; the rank reads its
+            // settings from --tdc_child (see main.cpp).
+            constexpr int kEventsFd = 100;
+            dup2(p.events[1], kEventsFd);  // dup2 clears O_CLOEXEC on the new fd
+            const RunSettings& s = settings();
+            std::vector<std::string> args = {
+                "/proc/self/exe",
+                fmt::format("--gtest_filter={}.{}", spec.suite, spec.name),
+                fmt::format("--tdc_child={},{},{},{},{},{}", r, spec.world_size, kEventsFd, spec.seed,
+                            spec.num_threads, temp_dir),
+                fmt::format("--tdc_timeout={}", spec.timeout_s),
+                "--tdc_backend=" + s.backend,
+                "--tdc_device=" + s.device_type,
+                "--tdc_stacks=" + s.stacks,
+            };
+            if (!s.backend_lib.empty()) args.push_back("--tdc_backend_lib=" + s.backend_lib);
+            std::vector<char*> argv;
+            for (auto& a : args) argv.push_back(a.data());
+            argv.push_back(nullptr);
+            execv("/proc/self/exe", argv.data());
+            std::fprintf(stderr, "tdc: exec of /proc/self/exe failed: %s\n", std::strerror(errno));
+            _exit(127);
+          }
+          run_rank_in_child(spec, r, temp_dir, p.events[1], body);
+        }
+        parent_fds.push_back(p.events[0]);
+        parent_fds.push_back(p.output[0]);
+        sup.add(parent_side(pid, p, {r}, stacks_file(temp_dir, r)));
+      }
+    }
+    outcome = sup.run();
+    const bool show = settings().show_output || outcome.status == Status::Fail ||
+                      outcome.status == Status::Timeout;
+    if (show) {
+      for (auto& c : sup.children()) {
+        if (c.output.empty()) continue;
+        std::string label = c.ranks.size() == 1 ? fmt::format("rank {}", c.ranks[0]) : std::string("thread ranks");
+        outputs.push_back(fmt::format("---- output of {} ----\n{}", label, demangle_text(c.output)));
+      }
+    }
+  }  // Supervisor: everything reaped
+  for (auto& o : outputs) std::fputs(o.c_str(), stdout);
+  if (settings().keep_temp) {
+    std::printf("tdc: kept temp dir %s\n", temp_dir.c_str());
+    track_temp_dir("");
+  } else {
+    remove_temp_dir(temp_dir);
+  }
+  return outcome;
+}
+
+// ---------------------------------------------------------------- env (torchrun / SLURM)
+void store_barrier(c10d::Store& store, int world, const std::string& key) {
+  if (store.add(key, 1) == world) store.set(key + "/done", std::vector<uint8_t>{1});
+  store.wait({key + "/done"});
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  try {
+    return std::stoi(v);
+  } catch (...) {
+    throw std::invalid_argument(fmt::format("environment variable {}='{}' is not an integer", name, v));
+  }
+}
+
+c10::intrusive_ptr<c10d::Store> env_store() {
+  static c10::intrusive_ptr<c10d::Store> store;
+  if (store) return store;
+  const char* addr = std::getenv("MASTER_ADDR");
+  int port = env_int("MASTER_PORT", -1);
+  int rank = env_int("RANK", -1), world = env_int("WORLD_SIZE", -1);
+  if (!addr || port < 0 || rank < 0 || world < 1)
+    throw std::invalid_argument(fmt::format(
+        "the env launcher needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (got RANK={}, "
+        "WORLD_SIZE={}, MASTER_ADDR={}, MASTER_PORT={})",
+        rank, world, addr ? addr : "(unset)", port));
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<uint16_t>(port);
+  o.isServer = rank == 0;
+  o.numWorkers = world;
+  o.waitWorkers = false;
+  o.timeout = std::chrono::seconds(300);
+  store = c10::make_intrusive<c10d::TCPStore>(addr, o);
+  return store;
+}
+
+Outcome launch_env(const LaunchSpec& spec0, const std::function<void()>& body) {
+  LaunchSpec spec = spec0;
+  const int rank = env_int("RANK", -1);
+  spec.world_size = env_int("WORLD_SIZE", -1);
+  if (spec.world_size != spec0.world_size) {
+    Outcome o;
+    o.status = Status::Skip;
+    o.message = fmt::format("{}.{} needs world size {}, but the external launcher started {} ranks",
+                            spec.suite, spec.name, spec0.world_size, spec.world_size);
+    return o;
+  }
+  const int local_rank = env_int("LOCAL_RANK", rank);
+  auto base = env_store();
+  static int test_counter = 0;
+  auto store = c10::make_intrusive<c10d::PrefixStore>(
+      fmt::format("tdc/{}/{}.{}", test_counter++, spec.suite, spec.name), base);
+  // One temp dir per host, made by the host's local rank 0... ranks on other hosts see a path
+  // that does not exist there and make their own (tests that need a shared dir document it).
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string temp_dir;
+  bool own_dir = rank == 0;
+  if (rank == 0) {
+    temp_dir = make_temp_dir(spec.suite + "." + spec.name);
+    store->set("tdc/temp_dir", std::vector<uint8_t>(temp_dir.begin(), temp_dir.end()));
+  } else {
+    auto v = store->get("tdc/temp_dir");
+    temp_dir.assign(v.begin(), v.end());
+    if (!std::filesystem::exists(temp_dir)) {
+      temp_dir = make_temp_dir(spec.suite + "." + spec.name);
+      own_dir = true;
+    }
+  }
+
+  RankContext c = make_context(spec, rank, local_rank, store, temp_dir);
+  c.launcher = Launcher::Env;
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
+  fcntl(fds[0], F_SETFL, O_NONBLOCK);
+
+  // Watchdog: a rank that runs past the deadline cannot be recovered in place, so it prints its
+  // stacks, publishes TIMEOUT and ends the process (the external launcher tears down the rest).
+  std::atomic<bool> finished{false};
+  std::thread watchdog([&] {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(spec.timeout_s);
+    while (!finished && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (finished) return;
+    std::fprintf(stderr, "tdc: [rank %d] %s.%s timed out after %.1f s; stacks:\n", rank,
+                 spec.suite.c_str(), spec.name.c_str(), spec.timeout_s);
+    install_rank_signal_handlers(temp_dir + fmt::format("/stacks.env.{}", rank), rank);
+    std::string st = capture_stacks(getpid(), temp_dir + fmt::format("/stacks.env.{}", rank), 2.0);
+    std::fputs(st.c_str(), stderr);
+    try {
+      std::string d = nlohmann::json({{"e", "fail"}, {"rank", rank}, {"file", ""}, {"line", 0},
+                                      {"msg", fmt::format("[rank {}] TIMEOUT after {:.1f} s", rank, spec.timeout_s)}})
+                          .dump() + "\n";
+      store->set(fmt::format("tdc/result/{}", rank), std::vector<uint8_t>(d.begin(), d.end()));
+    } catch (...) {
+    }
+    std::fflush(nullptr);
+    _exit(124);
+  });
+  {
+    EventSink sink(fds[1]);
+    run_rank(c, body, sink, spec.num_threads);
+  }
+  finished = true;
+  watchdog.join();
+
+  // Collect this rank's events.
+  std::string text;
+  char buf[65536];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  ::close(fds[1]);
+
+  // Every rank publishes its events; rank 0 merges all of them.
+  store->set(fmt::format("tdc/result/{}", rank), std::vector<uint8_t>(text.begin(), text.end()));
+  Outcome o;
+  if (rank == 0) {
+    Supervisor sup(spec, temp_dir);
+    for (int r = 0; r < spec.world_size; ++r) {
+      std::string key = fmt::format("tdc/result/{}", r);
+      try {
+        store->wait({key}, std::chrono::milliseconds(static_cast<int64_t>(spec.timeout_s * 1000)));
+        auto v = store->get(key);
+        sup.ingest(std::string(v.begin(), v.end()));
+      } catch (const std::exception& e) {
+        sup.ingest(nlohmann::json({{"e", "fail"}, {"rank", r}, {"file", ""}, {"line", 0},
+                                   {"msg", fmt::format("[rank {}] no result within the deadline: {}", r, e.what())}})
+                       .dump() + "\n" + nlohmann::json({{"e", "done"}, {"rank", r}, {"dur", 0}}).dump() + "\n");
+      }
+    }
+    o = sup.outcome_from_events(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  } else {
+    o.status = Status::Pass;  // rank 0 reports this rank's failures
+  }
+  store_barrier(*store, spec.world_size, "tdc/end");
+  if (own_dir && !settings().keep_temp) remove_temp_dir(temp_dir);
+  return o;
+}
+
+}  // namespace
+}  // namespace detail
+
+Outcome launch(const LaunchSpec& spec, const std::function<void()>& body) {
+  if (spec.world_size < 1)
+    throw std::invalid_argument(fmt::format("world size must be >= 1, got {}", spec.world_size));
+  if (spec.launcher == Launcher::Env) return detail::launch_env(spec, body);
+  return detail::launch_local(spec, body);
+}
+
+void run_distributed(const char* suite, const char* name, const TestOptions& options, Body body) {
+  LaunchSpec spec = detail::resolve(suite, name, options);
+  const int min_gpus = options.min_gpus;
+  auto wrapped = [body, min_gpus] {
+    // Decided inside the rank: asking CUDA in the parent would break fork().
+    if (min_gpus > 0 && device_count() < min_gpus)
+      GTEST_SKIP() << "skip_if_lt_x_gpu(" << min_gpus << "): need at least " << min_gpus
+                   << " accelerator devices, found " << device_count();
+    body();
+  };
+
+  auto& child = detail::child_spec();
+  if (child.active) {  // this process is one rank of a spawn launch
+    spec.world_size = child.world_size;
+    spec.seed = child.seed;
+    spec.num_threads = child.num_threads;
+    spec.launcher = Launcher::Spawn;
+    detail::run_rank_in_child(spec, child.rank, child.temp_dir, child.events_fd, wrapped);
+  }
+
+  Outcome o = launch(spec, wrapped);
+  auto& last = detail::last_outcome();
+  last.test_id = spec.suite + "." + spec.name;
+  last.outcome = o;
+  last.world_size = spec.world_size;
+  last.launcher = to_string(spec.launcher);
+
+  switch (o.status) {
+    case Status::Pass:
+    case Status::XFail:
+    case Status::XPass:
+      return;
+    case Status::Skip:
+    case Status::NotSupported:
+      GTEST_SKIP() << o.message;
+    case Status::Fail:
+      for (auto& f : o.failures) {
+        if (f.file.empty())
+          ADD_FAILURE() << f.message;
+        else
+          ADD_FAILURE_AT(f.file.c_str(), f.line) << f.message;
+      }
+      if (o.failures.empty()) ADD_FAILURE() << o.message;
+      return;
+    case Status::Timeout:
+      ADD_FAILURE() << "TIMEOUT: " << o.message;
+      return;
+    case Status::Crash:
+      ADD_FAILURE() << "CRASH: " << o.message;
+      return;
+  }
+}
+
+}  // namespace tdc::harness

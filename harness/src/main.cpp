@@ -1,1 +1,254 @@
-// placeholder: being written
+// Flags, the results listener, and main() for harness test binaries.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <ATen/Parallel.h>
+#include <torch/version.h>
+
+#include "internal.h"
+
+#ifndef TDC_VERSION
+#define TDC_VERSION "0.0.0"
+#endif
+
+namespace tdc::harness {
+
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+double parse_double(const std::string& flag, const std::string& v) {
+  try {
+    size_t idx = 0;
+    double d = std::stod(v, &idx);
+    if (idx == v.size() && d > 0) return d;
+  } catch (...) {
+  }
+  throw std::invalid_argument(fmt::format("{} expects a positive number of seconds, got '{}'", flag, v));
+}
+
+int parse_int(const std::string& flag, const std::string& v) {
+  try {
+    size_t idx = 0;
+    int i = std::stoi(v, &idx);
+    if (idx == v.size()) return i;
+  } catch (...) {
+  }
+  throw std::invalid_argument(fmt::format("{} expects an integer, got '{}'", flag, v));
+}
+
+bool truthy(const std::string& v) { return v == "1" || v == "true" || v == "yes" || v.empty(); }
+
+// One place for every setting: name (flag --tdc_<name>, env TDC_<NAME>) -> how to apply it.
+void apply(const std::string& name, const std::string& value, bool has_value) {
+  RunSettings& s = settings();
+  const std::string flag = "--tdc_" + name;
+  auto need = [&] {
+    if (!has_value || value.empty()) throw std::invalid_argument(flag + " needs a value (" + flag + "=...)");
+  };
+  if (name == "launcher") need(), s.launcher = launcher_from_string(value);
+  else if (name == "backend") need(), s.backend = value;
+  else if (name == "backend_lib") s.backend_lib = value;
+  else if (name == "device") {
+    need();
+    if (value != "cpu" && value != "cuda")
+      throw std::invalid_argument(fmt::format("{} must be cpu or cuda, got '{}'", flag, value));
+    s.device_type = value;
+  } else if (name == "timeout") need(), s.timeout_s = parse_double(flag, value);
+  else if (name == "abort_grace") need(), s.abort_grace_s = parse_double(flag, value);
+  else if (name == "world_size") {
+    need();
+    s.default_world_size = parse_int(flag, value);
+    if (s.default_world_size < 1) throw std::invalid_argument(flag + " must be >= 1");
+  } else if (name == "keep_temp") s.keep_temp = truthy(value);
+  else if (name == "show_output") s.show_output = truthy(value);
+  else if (name == "stacks") {
+    need();
+    if (value != "signal" && value != "gdb" && value != "both")
+      throw std::invalid_argument(fmt::format("{} must be signal, gdb or both, got '{}'", flag, value));
+    s.stacks = value;
+  } else if (name == "results") need(), s.results_path = value;
+  else if (name == "junit") need(), s.junit_path = value;
+  else if (name == "expectations") need(), s.expectations_path = value;
+  else if (name == "events_fd") need(), s.events_fd = parse_int(flag, value);
+  else if (name == "implementation") {
+    need();
+    auto colon = value.find(':');
+    s.implementation = value.substr(0, colon);
+    s.implementation_version = colon == std::string::npos ? "" : value.substr(colon + 1);
+  } else if (name == "child") {
+    // rank,world,events_fd,seed,num_threads,temp_dir (internal: the spawn launcher)
+    auto& c = detail::child_spec();
+    std::vector<std::string> parts;
+    size_t start = 0;
+    for (int i = 0; i < 5; ++i) {
+      size_t comma = value.find(',', start);
+      if (comma == std::string::npos) throw std::invalid_argument("malformed --tdc_child=" + value);
+      parts.push_back(value.substr(start, comma - start));
+      start = comma + 1;
+    }
+    c.active = true;
+    c.rank = parse_int(flag, parts[0]);
+    c.world_size = parse_int(flag, parts[1]);
+    c.events_fd = parse_int(flag, parts[2]);
+    c.seed = std::stoull(parts[3]);
+    c.num_threads = parse_int(flag, parts[4]);
+    c.temp_dir = value.substr(start);
+  } else {
+    throw std::invalid_argument(fmt::format(
+        "unknown flag {} (known: --tdc_launcher, --tdc_backend, --tdc_backend_lib, --tdc_device, "
+        "--tdc_timeout, --tdc_world_size, --tdc_keep_temp, --tdc_show_output, --tdc_stacks, "
+        "--tdc_results, --tdc_junit, --tdc_expectations, --tdc_events_fd, --tdc_implementation, "
+        "--tdc_abort_grace)",
+        flag));
+  }
+}
+
+const char* kEnvSettings[] = {"launcher", "backend", "backend_lib", "device", "timeout", "world_size",
+                              "keep_temp", "show_output", "stacks", "results", "junit", "expectations",
+                              "implementation", "abort_grace"};
+
+// ---------------------------------------------------------------- results listener
+class ResultsListener : public testing::EmptyTestEventListener {
+ public:
+  void OnTestProgramStart(const testing::UnitTest&) override {
+    t0_ = std::chrono::steady_clock::now();
+    const RunSettings& s = settings();
+    auto& info = results_.run_info;
+    info.implementation = s.implementation;
+    info.implementation_version = s.implementation_version.empty() ? TDC_VERSION : s.implementation_version;
+    info.backend = s.backend;
+    info.device = s.device_type;
+    info.launcher = to_string(s.launcher);
+    info.suite_revision = env("TDC_SUITE_REVISION").empty() ? "unknown" : env("TDC_SUITE_REVISION");
+    info.tdc_version = TDC_VERSION;
+    info.libtorch_version = TORCH_VERSION;
+    info.host = hostname();
+    info.started_at = iso_now();
+    if (!s.expectations_path.empty()) expectations_ = read_expectations(s.expectations_path);
+  }
+
+  void OnTestStart(const testing::TestInfo& t) override {
+    detail::last_outcome() = {};
+    test_t0_ = std::chrono::steady_clock::now();
+    emit({{"event", "start"}, {"test", id(t)}});
+  }
+
+  void OnTestEnd(const testing::TestInfo& t) override {
+    TestResult r;
+    r.id = id(t);
+    r.suite = t.test_suite_name();
+    r.name = t.name();
+    r.duration_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - test_t0_).count();
+    const testing::TestResult& g = *t.result();
+    std::vector<std::string> msgs;
+    for (int i = 0; i < g.total_part_count(); ++i) msgs.push_back(g.GetTestPartResult(i).message());
+    if (g.Skipped()) {
+      r.status = Status::Skip;
+      for (auto& m : msgs)
+        if (m.find("[NOT_SUPPORTED]") != std::string::npos) r.status = Status::NotSupported;
+    } else if (g.Failed()) {
+      r.status = Status::Fail;
+    }
+    r.message = fmt::format("{}", fmt::join(msgs, "\n"));
+    r.world_size = 1;
+    r.launcher = "none";
+    auto& last = detail::last_outcome();
+    if (last.test_id == r.id) {
+      r.status = last.outcome.status;
+      r.message = last.outcome.message;
+      r.ranks = last.outcome.ranks;
+      r.world_size = last.world_size;
+      r.launcher = last.launcher;
+      // An assertion in the TEST body itself (outside the ranks) still fails the test.
+      if (r.status == Status::Pass && g.Failed()) r.status = Status::Fail, r.message = fmt::format("{}", fmt::join(msgs, "\n"));
+    }
+    if (r.status == Status::Pass) r.message.clear();
+    apply_expectations(r, expectations_);
+    results_.run_info.world_size = std::max(results_.run_info.world_size, r.world_size);
+    emit({{"event", "end"},
+          {"test", r.id},
+          {"status", to_string(r.status)},
+          {"duration_s", r.duration_s},
+          {"message", r.message.substr(0, 4000)}});
+    results_.tests.push_back(std::move(r));
+  }
+
+  void OnTestProgramEnd(const testing::UnitTest&) override {
+    results_.run_info.duration_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    const RunSettings& s = settings();
+    if (!s.results_path.empty()) write_results_json(results_, s.results_path);
+    if (!s.junit_path.empty()) write_junit_xml(results_, s.junit_path);
+  }
+
+  const RunResults& results() const { return results_; }
+
+ private:
+  static std::string id(const testing::TestInfo& t) {
+    return std::string(t.test_suite_name()) + "." + t.name();
+  }
+  void emit(const nlohmann::json& j) {
+    int fd = settings().events_fd;
+    if (fd < 0) return;
+    detail::EventSink(fd).write(j);
+  }
+
+  RunResults results_;
+  Expectations expectations_;
+  std::chrono::steady_clock::time_point t0_, test_t0_;
+};
+
+}  // namespace
+
+bool init(int* argc, char** argv, std::string* error) {
+  try {
+    for (const char* name : kEnvSettings) {
+      std::string upper = "TDC_";
+      for (const char* p = name; *p; ++p) upper += static_cast<char>(std::toupper(*p));
+      if (const char* v = std::getenv(upper.c_str()); v && *v) apply(name, v, true);
+    }
+    int out = 1;
+    for (int i = 1; i < *argc; ++i) {
+      std::string a = argv[i];
+      if (a.rfind("--tdc_", 0) != 0) {
+        argv[out++] = argv[i];
+        continue;
+      }
+      auto eq = a.find('=');
+      std::string name = a.substr(6, eq == std::string::npos ? std::string::npos : eq - 6);
+      apply(name, eq == std::string::npos ? "" : a.substr(eq + 1), eq != std::string::npos);
+    }
+    *argc = out;
+    argv[out] = nullptr;
+  } catch (const std::exception& e) {
+    if (error) *error = e.what();
+    return false;
+  }
+  // The parent runs no parallel ATen work, so fork() stays safe (see libtorch-notes).
+  at::set_num_threads(1);
+  if (!detail::child_spec().active) detail::install_parent_signal_handlers();
+  return true;
+}
+
+int main(int argc, char** argv) {
+  std::string error;
+  if (!init(&argc, argv, &error)) {
+    std::fprintf(stderr, "tdc: %s\n", error.c_str());
+    return 2;
+  }
+  testing::InitGoogleTest(&argc, argv);
+  if (detail::child_spec().active) return RUN_ALL_TESTS();  // the rank _exit()s inside its test
+  auto* listener = new ResultsListener;  // owned by GoogleTest
+  testing::UnitTest::GetInstance()->listeners().Append(listener);
+  int rc = RUN_ALL_TESTS();
+  // Expectations can turn failures into XFAIL: the results decide the exit code.
+  if (rc != 0 && listener->results().ok() && !listener->results().tests.empty()) rc = 0;
+  if (rc == 0 && !listener->results().ok()) rc = 1;
+  return rc;
+}
+
+}  // namespace tdc::harness
+

@@ -1,1 +1,390 @@
-// placeholder: being written
+// Supervising rank processes; SIGINT/SIGTERM cleanup.
+#include "process.h"
+
+#include <fcntl.h>
+#include <ftw.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <sstream>
+
+namespace tdc::harness::detail {
+
+// ---------------------------------------------------------------- tracking for signal handlers
+namespace {
+constexpr int kMaxChildren = 1024;
+std::atomic<pid_t> g_children[kMaxChildren];
+char g_temp_dir[4096];
+volatile sig_atomic_t g_interrupted = 0;
+
+int rm_entry(const char* path, const struct stat*, int type, struct FTW*) {
+  if (type == FTW_DP || type == FTW_D) return ::rmdir(path), 0;
+  return ::unlink(path), 0;
+}
+
+void on_terminate(int sig) {
+  g_interrupted = 1;
+  for (auto& slot : g_children) {
+    pid_t p = slot.load();
+    if (p > 0) {
+      kill(-p, SIGKILL);  // the rank's process group: the rank and anything it started
+      kill(p, SIGKILL);
+    }
+  }
+  for (auto& slot : g_children) {
+    pid_t p = slot.exchange(0);
+    if (p > 0) waitpid(p, nullptr, 0);
+  }
+  if (g_temp_dir[0]) nftw(g_temp_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+}  // namespace
+
+void track_child(pid_t pid) {
+  for (auto& slot : g_children) {
+    pid_t expected = 0;
+    if (slot.compare_exchange_strong(expected, pid)) return;
+  }
+}
+void untrack_child(pid_t pid) {
+  for (auto& slot : g_children) {
+    pid_t expected = pid;
+    if (slot.compare_exchange_strong(expected, 0)) return;
+  }
+}
+void track_temp_dir(const std::string& path) {
+  std::strncpy(g_temp_dir, path.c_str(), sizeof(g_temp_dir) - 1);
+  g_temp_dir[path.size() < sizeof(g_temp_dir) ? path.size() : sizeof(g_temp_dir) - 1] = 0;
+}
+bool interrupted() { return g_interrupted != 0; }
+
+void install_parent_signal_handlers() {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, on_terminate);
+}
+void reset_signal_handlers_in_child() {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) signal(sig, SIG_DFL);
+}
+
+std::string make_temp_dir(const std::string& test_id) {
+  const char* base = std::getenv("TMPDIR");
+  std::string safe;
+  for (char ch : test_id) safe += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+  if (safe.size() > 80) safe.resize(80);
+  std::string tmpl = fmt::format("{}/tdc-{}-XXXXXX", base && *base ? base : "/tmp", safe);
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back(0);
+  if (!mkdtemp(buf.data()))  // mkdtemp creates the directory with mode 0700
+    throw std::runtime_error(fmt::format("cannot create temp dir {}: {}", tmpl, std::strerror(errno)));
+  std::string path(buf.data());
+  track_temp_dir(path);
+  return path;
+}
+
+void remove_temp_dir(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  track_temp_dir("");
+}
+
+// ---------------------------------------------------------------- Supervisor
+Supervisor::Supervisor(const LaunchSpec& spec, std::string temp_dir)
+    : spec_(spec), temp_dir_(std::move(temp_dir)), ranks_(spec.world_size) {}
+
+Supervisor::~Supervisor() { kill_all(); }
+
+void Supervisor::add(ChildProc c) {
+  c.pidfd = static_cast<int>(syscall(SYS_pidfd_open, c.pid, 0));
+  for (int fd : {c.events_fd, c.output_fd}) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  children_.push_back(std::move(c));
+}
+
+void Supervisor::kill_all() {
+  for (auto& c : children_) {
+    if (!c.exited) {
+      kill(-c.pid, SIGKILL);
+      kill(c.pid, SIGKILL);
+      reap(c, true);
+    }
+    for (int* fd : {&c.pidfd, &c.events_fd, &c.output_fd})
+      if (*fd >= 0) ::close(*fd), *fd = -1;
+  }
+}
+
+void Supervisor::reap(ChildProc& c, bool block) {
+  if (c.exited) return;
+  int status = 0;
+  pid_t r = waitpid(c.pid, &status, block ? 0 : WNOHANG);
+  if (r == c.pid) {
+    c.exited = true;
+    c.wait_status = status;
+    untrack_child(c.pid);
+    kill(-c.pid, SIGKILL);  // anything the rank started and left behind
+    drain(c);
+  }
+}
+
+void Supervisor::drain(ChildProc& c) {
+  char buf[65536];
+  if (c.output_fd >= 0) {
+    ssize_t n;
+    while ((n = ::read(c.output_fd, buf, sizeof buf)) > 0) {
+      c.output.append(buf, static_cast<size_t>(n));
+      constexpr size_t kKeep = 1 << 20;  // keep the last MiB of a rank's output
+      if (c.output.size() > 2 * kKeep) c.output.erase(0, c.output.size() - kKeep);
+    }
+  }
+  if (c.events_fd >= 0) {
+    ssize_t n;
+    while ((n = ::read(c.events_fd, buf, sizeof buf)) > 0) c.event_buf.append(buf, static_cast<size_t>(n));
+    handle_events(c.event_buf);
+  }
+}
+
+void Supervisor::ingest(const std::string& event_lines) {
+  std::string buf = event_lines;
+  handle_events(buf);
+}
+
+void Supervisor::handle_events(std::string& buf) {
+  size_t pos;
+  while ((pos = buf.find('\n')) != std::string::npos) {
+    std::string line = buf.substr(0, pos);
+    buf.erase(0, pos + 1);
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.contains("rank")) continue;
+    int r = j["rank"].get<int>();
+    if (r < 0 || r >= static_cast<int>(ranks_.size())) continue;
+    auto& rs = ranks_[r];
+    const std::string e = j.value("e", "");
+    if (e == "fail") {
+      rs.failures.push_back({r, j.value("file", ""), j.value("line", 0), j.value("msg", "")});
+    } else if (e == "skip") {
+      rs.skipped = true;
+      rs.skips.push_back(j.value("msg", ""));
+    } else if (e == "done") {
+      rs.done = true;
+      rs.duration_s = j.value("dur", 0.0);
+      if ((!rs.failures.empty() || rs.skipped) && first_bad_rank_ < 0) first_bad_rank_ = r;
+    }
+  }
+}
+
+bool Supervisor::child_crashed(const ChildProc& c) const {
+  if (!c.exited) return false;
+  if (WIFSIGNALED(c.wait_status)) return true;
+  for (int r : c.ranks)
+    if (!ranks_[r].done) return true;  // exited before its body finished
+  return WIFEXITED(c.wait_status) && WEXITSTATUS(c.wait_status) != 0;
+}
+
+Outcome Supervisor::run() {
+  using clock = std::chrono::steady_clock;
+  auto secs = [](double s) {
+    return std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(s));
+  };
+  const auto t0 = clock::now();
+  const auto deadline = t0 + secs(spec_.timeout_s);
+  std::optional<clock::time_point> abort_at;
+  bool timed_out = false;
+
+  for (;;) {
+    bool all_exited = std::all_of(children_.begin(), children_.end(), [](auto& c) { return c.exited; });
+    if (all_exited) break;
+    auto now = clock::now();
+    if (now >= deadline) {
+      timed_out = true;
+      break;
+    }
+    if (abort_at && now >= *abort_at) break;
+    auto until = abort_at ? std::min(*abort_at, deadline) : deadline;
+    int wait_ms = static_cast<int>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count()) + 1;
+
+    std::vector<pollfd> fds;
+    std::vector<std::pair<size_t, int>> owner;  // (child index, 0=pidfd 1=events 2=output)
+    for (size_t i = 0; i < children_.size(); ++i) {
+      auto& c = children_[i];
+      if (c.exited) continue;
+      if (c.pidfd >= 0) fds.push_back({c.pidfd, POLLIN, 0}), owner.push_back({i, 0});
+      if (c.events_fd >= 0) fds.push_back({c.events_fd, POLLIN, 0}), owner.push_back({i, 1});
+      if (c.output_fd >= 0) fds.push_back({c.output_fd, POLLIN, 0}), owner.push_back({i, 2});
+    }
+    int rc = ::poll(fds.data(), fds.size(), std::min(wait_ms, 200));
+    if (rc < 0 && errno != EINTR) break;
+    for (size_t k = 0; k < fds.size() && rc > 0; ++k) {
+      if (!fds[k].revents) continue;
+      auto& c = children_[owner[k].first];
+      if (owner[k].second == 0) {
+        reap(c, true);
+      } else {
+        drain(c);
+        // A pipe at EOF with the process still alive (it closed stdout): stop polling that fd.
+        if (fds[k].revents & (POLLHUP | POLLERR) && !(fds[k].revents & POLLIN)) {
+          int& fd = owner[k].second == 1 ? c.events_fd : c.output_fd;
+          ::close(fd);
+          fd = -1;
+        }
+      }
+    }
+    for (auto& c : children_) reap(c, false);  // also covers kernels without pidfd
+
+    // First failure aborts the others: a crash at once, a failure or skip after a short grace
+    // (the others may be about to finish on their own, and their messages are worth having).
+    if (!abort_at) {
+      for (auto& c : children_) {
+        if (child_crashed(c)) {
+          abort_at = clock::now();
+          if (first_bad_rank_ < 0 && !c.ranks.empty()) first_bad_rank_ = c.ranks.front();
+        }
+      }
+      if (!abort_at && first_bad_rank_ >= 0)
+        abort_at = clock::now() + secs(settings().abort_grace_s);
+    }
+  }
+
+  std::string stacks;
+  if (timed_out) {
+    for (auto& c : children_) {
+      if (c.exited) continue;
+      std::string label = c.ranks.size() == 1 ? fmt::format("rank {}", c.ranks[0])
+                                              : fmt::format("ranks {} (threads)", fmt::join(c.ranks, ","));
+      stacks += fmt::format("==== stacks of {} (pid {}) ====\n{}", label, c.pid,
+                            capture_stacks(c.pid, c.stacks_path, 3.0 / children_.size() + 0.5));
+    }
+  }
+  for (auto& c : children_) {
+    if (!c.exited) {
+      for (int r : c.ranks)
+        if (!ranks_[r].done) aborted_ranks_.push_back(r);
+    }
+  }
+  double elapsed = std::chrono::duration<double>(clock::now() - t0).count();
+  // Kill what is left and collect the last output.
+  for (auto& c : children_) {
+    if (!c.exited) {
+      kill(-c.pid, SIGKILL);
+      kill(c.pid, SIGKILL);
+      reap(c, true);
+    }
+    drain(c);
+  }
+  return make_outcome(timed_out, stacks, elapsed);
+}
+
+namespace {
+std::string tail_lines(const std::string& s, size_t max_lines, size_t max_bytes) {
+  size_t start = s.size() > max_bytes ? s.size() - max_bytes : 0;
+  size_t count = 0, pos = s.size();
+  while (pos > start) {
+    size_t nl = s.rfind('\n', pos - 1);
+    if (nl == std::string::npos || nl < start) break;
+    if (nl != s.size() - 1 && ++count >= max_lines) {
+      start = nl + 1;
+      break;
+    }
+    pos = nl;
+  }
+  return s.substr(start);
+}
+}  // namespace
+
+Outcome Supervisor::make_outcome(bool timed_out, const std::string& stacks, double elapsed) {
+  Outcome o;
+  o.duration_s = elapsed;
+  std::vector<std::string> crash_msgs, fail_msgs, skip_msgs;
+  std::vector<int> skipped_ranks, ran_ranks, still_running;
+
+  std::map<int, const ChildProc*> proc_of;
+  for (auto& c : children_)
+    for (int r : c.ranks) proc_of[r] = &c;
+
+  for (int r = 0; r < spec_.world_size; ++r) {
+    auto& rs = ranks_[r];
+    RankDetail d;
+    d.rank = r;
+    d.duration_s = rs.duration_s;
+    const ChildProc* c = proc_of.count(r) ? proc_of[r] : nullptr;
+    if (c && c->exited) {
+      if (WIFEXITED(c->wait_status)) d.exit_code = WEXITSTATUS(c->wait_status);
+      if (WIFSIGNALED(c->wait_status)) d.signal = WTERMSIG(c->wait_status);
+    }
+    bool aborted = std::find(aborted_ranks_.begin(), aborted_ranks_.end(), r) != aborted_ranks_.end();
+    for (auto& f : rs.failures) o.failures.push_back(f);
+    if (rs.done) {
+      d.status = !rs.failures.empty() ? "fail" : rs.skipped ? "skip" : "pass";
+    } else if (timed_out && aborted) {
+      d.status = "timeout";
+      still_running.push_back(r);
+    } else if (aborted) {
+      d.status = "aborted";
+    } else {
+      d.status = "crash";
+    }
+    if (!rs.failures.empty()) {
+      std::vector<std::string> m;
+      for (auto& f : rs.failures) m.push_back(f.message);
+      d.message = fmt::format("{}", fmt::join(m, "\n"));
+      fail_msgs.push_back(d.message);
+    }
+    if (rs.skipped) {
+      skipped_ranks.push_back(r);
+      skip_msgs.push_back(rs.skips.front());
+      if (d.message.empty()) d.message = rs.skips.front();
+    } else if (rs.done) {
+      ran_ranks.push_back(r);
+    }
+    if (d.status == "crash" && c) {
+      std::string why;
+      if (WIFSIGNALED(c->wait_status))
+        why = fmt::format("[rank {}] process died from {}", r, signal_name(WTERMSIG(c->wait_status)));
+      else if (WIFEXITED(c->wait_status))
+        why = fmt::format("[rank {}] process exited with code {} before its test body finished", r,
+                          WEXITSTATUS(c->wait_status));
+      else
+        why = fmt::format("[rank {}] process ended abnormally (wait status {})", r, c->wait_status);
+      // One tail per process (thread ranks share a process).
+      if (c->ranks.front() == r) {
+        std::string tail = demangle_text(tail_lines(c->output, 40, 8192));
+        why += "\n  last output:\n" + (tail.empty() ? std::string("  (none)") : tail);
+      }
+      d.message = why;
+      crash_msgs.push_back(why);
+    }
+    o.ranks.push_back(std::move(d));
+  }
+
+  if (timed_out) {
+    o.status = Status::Timeout;
+    o.message = fmt::format("timed out after {:.1f} s (deadline {:.1f} s); ranks still running: [{}]\n{}",
+                            elapsed, spec_.timeout_s, fmt::join(still_running, ", "), stacks);
+  } else if (!crash_msgs.empty()) {
+    o.status = Status::Crash;
+    o.message = fmt::format("{}", fmt::join(crash_msgs, "\n"));
+  } else if (!fail_msgs.empty()) {
+    o.status = Status::Fail;
+    o.message = fmt::format("{}", fmt::join(fail_msgs, "\n"));
+  } else if (!skipped_ranks.empty()) {
+    bool not_supported = skip_msgs.front().find("[NOT_SUPPORTED]") != std::string::npos;
+    o.status = not_supported ? Status::NotSupported : Status::Skip;
+    o.message = skip_msgs.front();
+    if (!ran_ranks.empty() || !aborted_ranks_.empty()) {
+      o.message += fmt::format(
+          "\nranks disagree on the skip: skipped on [{}], not skipped on [{}]{}",
+          fmt::join(skipped_ranks, ", "), fmt::join(ran_ranks, ", "),
+          aborted_ranks_.empty() ? "" : fmt::format(", stopped while running on [{}]", fmt::join(aborted_ranks_, ", ")));
+    }
+  }
+  if (!aborted_ranks_.empty() && !timed_out && o.status != Status::Pass && first_bad_rank_ >= 0 &&
+      o.status != Status::Skip && o.status != Status::NotSupported) {
+    o.message += fmt::format("\nranks [{}] were stopped after rank {} failed", fmt::join(aborted_ranks_, ", "),
+                             first_bad_rank_);
+  }
+  return o;
+}
+
+}  // namespace tdc::harness::detail

@@ -1,1 +1,439 @@
-// placeholder: being written
+// Self-tests of the harness: passing behaviour in every launcher, and the must-fail cases of
+// mustfail_cases.cpp run in a child harness (status, timing, no orphans, no temp dirs left).
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "tdc/harness/harness.h"
+#include "tdc/harness/results.h"
+#include "tdc/harness/subtests.h"
+
+using namespace tdc::harness;
+
+// ---------------------------------------------------------------- passing behaviour
+namespace {
+
+std::string get_str(c10d::Store& s, const std::string& k) {
+  auto v = s.get(k);
+  return std::string(v.begin(), v.end());
+}
+void set_str(c10d::Store& s, const std::string& k, const std::string& v) {
+  s.set(k, std::vector<uint8_t>(v.begin(), v.end()));
+}
+
+// Checks every rank-context promise; run under each launcher.
+void check_context(int expected_world, Launcher expected_launcher) {
+  const auto& c = ctx();
+  ASSERT_EQ(c.world_size, expected_world);
+  EXPECT_EQ(c.launcher, expected_launcher);
+  EXPECT_GE(c.rank, 0);
+  EXPECT_LT(c.rank, c.world_size);
+  EXPECT_EQ(c.local_rank, c.rank);
+  EXPECT_EQ(c.device, c10::Device(c10::kCPU));
+  EXPECT_EQ(at::get_num_threads(), 1);
+
+  // Ranks are distinct and see one store.
+  set_str(*c.store, "rank/" + std::to_string(c.rank), std::to_string(c.rank));
+  barrier();
+  for (int r = 0; r < c.world_size; ++r) EXPECT_EQ(get_str(*c.store, "rank/" + std::to_string(r)), std::to_string(r));
+
+  // One private temp dir, shared by the ranks.
+  struct stat st {};
+  ASSERT_EQ(::stat(c.temp_dir.c_str(), &st), 0) << c.temp_dir;
+  EXPECT_EQ(st.st_mode & 0777, 0700u) << c.temp_dir;
+  std::ofstream(c.temp_dir / ("from_rank_" + std::to_string(c.rank))) << c.rank;
+  barrier();
+  for (int r = 0; r < c.world_size; ++r)
+    EXPECT_TRUE(std::filesystem::exists(c.temp_dir / ("from_rank_" + std::to_string(r))));
+
+  // Identical seed on every rank (thread ranks share one generator, as in PyTorch's threaded
+  // tests, so only the per-rank generator is checked there).
+  if (c.launcher != Launcher::Thread) {
+    at::Tensor t = at::randn({8});
+    std::string bytes(static_cast<const char*>(t.data_ptr()), t.nbytes());
+    set_str(*c.store, "randn/" + std::to_string(c.rank), bytes);
+    barrier();
+    EXPECT_EQ(get_str(*c.store, "randn/0"), bytes) << "rank " << c.rank << " drew different numbers";
+  }
+  at::Tensor g = at::randn({8}, c.rank_generator);
+  std::string gbytes(static_cast<const char*>(g.data_ptr()), g.nbytes());
+  set_str(*c.store, "gen/" + std::to_string(c.rank), gbytes);
+  barrier();
+  for (int r = 0; r < c.world_size; ++r)
+    if (r != c.rank) EXPECT_NE(get_str(*c.store, "gen/" + std::to_string(r)), gbytes);
+  barrier();
+}
+
+}  // namespace
+
+TDC_DIST_SUITE(HarnessBasics, .world_size = 4);
+
+TDC_DIST_TEST(HarnessBasics, ContextFork, .launcher = Launcher::Fork) { check_context(4, Launcher::Fork); }
+TDC_DIST_TEST(HarnessBasics, ContextThread, .launcher = Launcher::Thread) { check_context(4, Launcher::Thread); }
+TDC_DIST_TEST(HarnessBasics, ContextSpawn, .launcher = Launcher::Spawn) { check_context(4, Launcher::Spawn); }
+TDC_DIST_TEST(HarnessBasics, WorldSizeOne, .world_size = 1) { EXPECT_EQ(ctx().world_size, 1); barrier(); }
+TDC_DIST_TEST(HarnessBasics, WorldSizeThree, .world_size = 3) { EXPECT_EQ(ctx().world_size, 3); barrier(); }
+
+// Used by the env-launcher self-test (two processes started like torchrun would).
+TDC_DIST_TEST(HarnessBasics, TwoRanks, .world_size = 2) {
+  const auto& c = ctx();
+  set_str(*c.store, "hello/" + std::to_string(c.rank), "hi");
+  barrier();
+  EXPECT_EQ(get_str(*c.store, "hello/" + std::to_string(1 - c.rank)), "hi");
+}
+
+TDC_DIST_TEST(HarnessBasics, SubtestsRunInOrderOnEveryRank, .world_size = 2) {
+  std::vector<std::string> seen;
+  subtests({{"a", {true, false}}, {"n", {1, 2, 3}}}, [&](const Params& p) { seen.push_back(p.str()); });
+  ASSERT_EQ(seen.size(), 6u);
+  EXPECT_EQ(seen.front(), "a=True, n=1");
+  EXPECT_EQ(seen[1], "a=True, n=2");
+  EXPECT_EQ(seen.back(), "a=False, n=3");
+}
+
+TEST(HarnessUnit, ExpandGridIsCartesianLastKeyFastest) {
+  auto g = expand_grid({{"x", {1, 2}}, {"s", {"a", "b"}}, {"f", {0.5}}});
+  ASSERT_EQ(g.size(), 4u);
+  EXPECT_EQ(g[0].str(), "x=1, s=a, f=0.5");
+  EXPECT_EQ(g[1].str(), "x=1, s=b, f=0.5");
+  EXPECT_EQ(g[3].str(), "x=2, s=b, f=0.5");
+  EXPECT_EQ(g[2].get<int>("x"), 2);
+  EXPECT_EQ(g[2].get<std::string>("s"), "a");
+  EXPECT_THROW(g[0].get<int>("missing"), std::out_of_range);
+  EXPECT_THROW(expand_grid({{"empty", {}}}), std::invalid_argument);
+}
+
+TEST(HarnessUnit, CtxOutsideRankThrowsClearly) {
+  EXPECT_FALSE(in_rank());
+  try {
+    ctx();
+    FAIL() << "ctx() outside a rank must throw";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("outside a rank body"), std::string::npos);
+  }
+}
+
+TEST(HarnessUnit, LauncherNames) {
+  for (auto l : {Launcher::Fork, Launcher::Thread, Launcher::Spawn, Launcher::Env})
+    EXPECT_EQ(launcher_from_string(to_string(l)), l);
+  try {
+    launcher_from_string("mpi");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'mpi'"), std::string::npos);
+  }
+}
+
+// ---------------------------------------------------------------- the child harness
+namespace {
+
+std::string self_dir() { return std::filesystem::read_symlink("/proc/self/exe").parent_path(); }
+
+struct ChildRun {
+  int exit_code = -1;
+  double wall_s = 0;
+  std::string output;
+  RunResults results;
+  std::string tmpdir;  // TMPDIR given to the child: must be empty afterwards
+  std::string token;
+};
+
+std::string fresh_dir(const std::string& what) {
+  std::string t = (std::filesystem::temp_directory_path() / ("tdc-selftest-" + what + "-XXXXXX")).string();
+  std::vector<char> b(t.begin(), t.end());
+  b.push_back(0);
+  if (!mkdtemp(b.data())) throw std::runtime_error("mkdtemp failed");
+  return b.data();
+}
+
+// Processes still alive that carry the token in their environment (= leaked ranks).
+std::vector<int> processes_with_token(const std::string& token) {
+  std::vector<int> pids;
+  const std::string needle = "TDC_SELFTEST_TOKEN=" + token;
+  for (auto& e : std::filesystem::directory_iterator("/proc")) {
+    std::string name = e.path().filename();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+    std::ifstream f(e.path() / "environ", std::ios::binary);
+    std::string env((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (env.find(needle) != std::string::npos) {
+      // A zombie is already dead; only count live processes.
+      std::ifstream st(e.path() / "stat");
+      std::string stat((std::istreambuf_iterator<char>(st)), std::istreambuf_iterator<char>());
+      auto rp = stat.rfind(')');
+      if (rp != std::string::npos && rp + 2 < stat.size() && stat[rp + 2] == 'Z') continue;
+      pids.push_back(std::stoi(name));
+    }
+  }
+  return pids;
+}
+
+struct ChildOptions {
+  std::vector<std::string> args;
+  std::vector<std::string> env;        // extra KEY=VALUE
+  double interrupt_after_s = 0;        // send SIGTERM after this long (0: never)
+  std::string binary = "tdc_harness_mustfail";
+};
+
+ChildRun run_child(const std::string& filter, const ChildOptions& o = {}) {
+  ChildRun run;
+  std::string work = fresh_dir("child");
+  run.tmpdir = work + "/tmp";
+  std::filesystem::create_directory(run.tmpdir);
+  run.token = std::to_string(getpid()) + "-" + std::to_string(std::random_device{}());
+  std::string results = work + "/results.json";
+  int out[2];
+  if (pipe(out) != 0) throw std::runtime_error("pipe");
+  auto t0 = std::chrono::steady_clock::now();
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out[1], 1);
+    dup2(out[1], 2);
+    close(out[0]);
+    setenv("TMPDIR", run.tmpdir.c_str(), 1);
+    setenv("TDC_SELFTEST_TOKEN", run.token.c_str(), 1);
+    for (auto& kv : o.env) putenv(strdup(kv.c_str()));
+    std::vector<std::string> args = {self_dir() + "/" + o.binary, "--gtest_filter=" + filter,
+                                     "--tdc_results=" + results};
+    args.insert(args.end(), o.args.begin(), o.args.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(out[1]);
+  fcntl(out[0], F_SETFL, O_NONBLOCK);
+  int status = 0;
+  bool interrupted = false;
+  for (;;) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(out[0], buf, sizeof buf)) > 0) run.output.append(buf, n);
+    if (waitpid(pid, &status, WNOHANG) == pid) break;
+    double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (o.interrupt_after_s > 0 && !interrupted && el > o.interrupt_after_s) {
+      kill(pid, SIGTERM);
+      interrupted = true;
+    }
+    if (el > 120) {  // the self-test's own safety net
+      kill(pid, SIGKILL);
+    }
+    usleep(5000);
+  }
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(out[0], buf, sizeof buf)) > 0) run.output.append(buf, n);
+  close(out[0]);
+  run.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (std::filesystem::exists(results)) run.results = read_results(results);
+  return run;
+}
+
+const TestResult& only_test(const ChildRun& r) {
+  if (r.results.tests.size() != 1)
+    throw std::runtime_error("expected one test result, got " + std::to_string(r.results.tests.size()) +
+                             "; child output:\n" + r.output);
+  return r.results.tests[0];
+}
+
+bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+// No rank process left behind and nothing left in the child's TMPDIR.
+void expect_clean(const ChildRun& r) {
+  // Ranks are SIGKILLed and reaped before the child harness exits; allow a moment anyway.
+  std::vector<int> left;
+  for (int i = 0; i < 50; ++i) {
+    left = processes_with_token(r.token);
+    if (left.empty()) break;
+    usleep(20000);
+  }
+  EXPECT_TRUE(left.empty()) << "orphan processes: " << left.size();
+  for (int pid : left) kill(pid, SIGKILL);
+  std::vector<std::string> leftovers;
+  for (auto& e : std::filesystem::directory_iterator(r.tmpdir)) leftovers.push_back(e.path().filename());
+  EXPECT_TRUE(leftovers.empty()) << "left in TMPDIR: " << (leftovers.empty() ? "" : leftovers[0]);
+  std::filesystem::remove_all(std::filesystem::path(r.tmpdir).parent_path());
+}
+
+// deadline + 5 s is the promise for every must-fail outcome.
+void expect_status_in(const std::string& test, Status status, std::vector<std::string> in_message,
+                      double within_s, const ChildOptions& o = {}) {
+  ChildRun r = run_child(test, o);
+  const TestResult& t = only_test(r);
+  EXPECT_EQ(to_string(t.status), std::string(to_string(status))) << t.message << "\n" << r.output;
+  for (auto& m : in_message) EXPECT_TRUE(contains(t.message, m)) << "'" << m << "' not in:\n" << t.message;
+  EXPECT_LT(r.wall_s, within_s) << test << " took " << r.wall_s << " s";
+  EXPECT_EQ(r.exit_code, is_failure(status) ? 1 : 0) << r.output;
+  expect_clean(r);
+}
+
+void expect_status(const char* test, Status status, std::vector<std::string> in_message,
+                   double within_s, const ChildOptions& o = {}) {
+  expect_status_in(std::string("MustFail.") + test, status, std::move(in_message), within_s, o);
+}
+
+}  // namespace
+
+TEST(HarnessMustFail, CrashOnOneRank) {
+  expect_status("CrashOnOneRank", Status::Crash, {"[rank 1]", "SIGSEGV", "last output"}, 5);
+}
+TEST(HarnessMustFail, HangOnOneRankTimesOutWithStacks) {
+  expect_status("HangOnOneRank", Status::Timeout, {"ranks still running: [0, 1, 2, 3]", "stacks of rank 2", "tdc_mustfail::sleep_forever()"}, 3 + 5);
+}
+TEST(HarnessMustFail, ExceptionOnOneRank) {
+  expect_status("ExceptionOnOneRank", Status::Fail, {"[rank 3]", "boom from rank 3", "stopped after rank 3 failed"}, 5);
+}
+TEST(HarnessMustFail, AssertInSubtestNamesRankAndParameters) {
+  expect_status("AssertInSubtest", Status::Fail, {"[rank 1] [subtest x=2]", "x must be 1"}, 5);
+}
+TEST(HarnessMustFail, SkipDisagreementIsReported) {
+  expect_status("SkipDisagreement", Status::Skip, {"rank 0 wants to skip", "ranks disagree", "skipped on [0]"}, 5);
+}
+TEST(HarnessMustFail, SkipOnAllRanks) {
+  expect_status("SkipOnAllRanks", Status::Skip, {"nothing to do on this host"}, 5);
+}
+TEST(HarnessMustFail, SkipIfLtXGpu) {
+  expect_status("SkipIfLtXGpu", Status::Skip, {"skip_if_lt_x_gpu(64)", "found 0"}, 5);
+}
+TEST(HarnessMustFail, NotSupported) {
+  expect_status("NotSupported", Status::NotSupported, {"CPUOffloadPolicy"}, 5);
+}
+TEST(HarnessMustFail, ExitEarlyIsACrash) {
+  expect_status("ExitEarly", Status::Crash, {"[rank 2]", "exited with code 3"}, 5);
+}
+TEST(HarnessMustFail, ThreadLauncherException) {
+  expect_status("ThreadExceptionOnOneRank", Status::Fail, {"[rank 3]", "boom from thread rank 3"}, 5);
+}
+TEST(HarnessMustFail, ThreadLauncherHang) {
+  expect_status("ThreadHangOnOneRank", Status::Timeout, {"ranks still running: [0, 1, 2, 3]", "(tdc-rank2)", "tdc_mustfail::sleep_forever()"}, 3 + 5);
+}
+TEST(HarnessMustFail, ThreadLauncherCrash) {
+  expect_status("ThreadCrashOnOneRank", Status::Crash, {"SIGABRT"}, 5);
+}
+TEST(HarnessMustFail, SpawnLauncherCrash) {
+  expect_status("SpawnCrashOnOneRank", Status::Crash, {"[rank 1]", "SIGSEGV"}, 5);
+}
+TEST(HarnessMustFail, SpawnLauncherHang) {
+  expect_status("SpawnHangOnOneRank", Status::Timeout, {"ranks still running: [0, 1, 2, 3]", "stacks of rank 0", "tdc_mustfail::sleep_forever()"}, 3 + 5);
+}
+TEST(HarnessMustFail, DeadlineComesFromTheFlagWhenTheTestSetsNone) {
+  ChildOptions o;
+  o.args = {"--tdc_timeout=2"};
+  expect_status_in("MustFailDefaults.HangWithRunDeadline", Status::Timeout, {"deadline 2.0 s", "sleep_forever"}, 2 + 5, o);
+}
+
+TEST(HarnessMustFail, SeveralTestsInOneRun) {
+  ChildRun r = run_child("MustFail.EnvFailOnRank1:MustFail.PassesButExpectedToFail");
+  ASSERT_EQ(r.results.tests.size(), 2u) << r.output;
+  EXPECT_EQ(r.results.tests[0].status, Status::Fail);
+  EXPECT_TRUE(contains(r.results.tests[0].message, "[rank 1] ")) << r.results.tests[0].message;
+  EXPECT_EQ(r.results.tests[1].status, Status::Pass);
+  EXPECT_EQ(r.results.run_info.world_size, 2);
+  expect_clean(r);
+}
+
+TEST(HarnessMustFail, InterruptKillsRanksAndRemovesTempDir) {
+  ChildOptions o;
+  o.interrupt_after_s = 1.5;
+  ChildRun r = run_child("MustFail.LongHang", o);
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.output;
+  EXPECT_LT(r.wall_s, 5);
+  expect_clean(r);
+}
+
+TEST(HarnessMustFail, ExpectationsTurnFailIntoXfailAndPassIntoXpass) {
+  std::string dir = fresh_dir("expect");
+  std::ofstream(dir + "/exp.json") << R"({"tests": {
+      "MustFail.ExceptionOnOneRank": {"status": "FAIL", "reason": "known bug #1"},
+      "MustFail.PassesButExpectedToFail": {"status": "FAIL", "reason": "was broken"}}})";
+  ChildOptions o;
+  o.args = {"--tdc_expectations=" + dir + "/exp.json"};
+  ChildRun r = run_child("MustFail.ExceptionOnOneRank", o);
+  EXPECT_EQ(only_test(r).status, Status::XFail) << r.output;
+  EXPECT_EQ(r.exit_code, 0) << "an expected failure must not fail the run";
+  expect_clean(r);
+  ChildRun r2 = run_child("MustFail.PassesButExpectedToFail", o);
+  EXPECT_EQ(only_test(r2).status, Status::XPass) << r2.output;
+  EXPECT_EQ(r2.exit_code, 1) << "an unexpected pass fails the run (update the expectations)";
+  expect_clean(r2);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(HarnessMustFail, UnknownFlagIsRejectedWithItsName) {
+  ChildOptions o;
+  o.args = {"--tdc_lancher=fork"};
+  ChildRun r = run_child("MustFail.SkipOnAllRanks", o);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.output, "--tdc_lancher")) << r.output;
+  ChildOptions o2;
+  o2.args = {"--tdc_launcher=mpi"};
+  ChildRun r2 = run_child("MustFail.SkipOnAllRanks", o2);
+  EXPECT_EQ(r2.exit_code, 2);
+  EXPECT_TRUE(contains(r2.output, "'mpi'")) << r2.output;
+}
+
+// ---------------------------------------------------------------- env launcher (torchrun-style)
+namespace {
+int free_port() {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = ntohs(a.sin_port);
+  close(s);
+  return port;
+}
+
+// Starts `world` copies of a binary the way torchrun does (env vars), returns rank 0's results.
+std::vector<ChildRun> run_env_world(const std::string& binary, const std::string& filter, int world) {
+  int port = free_port();
+  std::vector<std::thread> threads;
+  std::vector<ChildRun> runs(world);
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      ChildOptions o;
+      o.binary = binary;
+      o.args = {"--tdc_launcher=env"};
+      o.env = {"RANK=" + std::to_string(r), "LOCAL_RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(world),
+               "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)};
+      runs[r] = run_child(filter, o);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return runs;
+}
+}  // namespace
+
+TEST(HarnessEnvLauncher, TwoRanksPassAndRank0Reports) {
+  auto runs = run_env_world("tdc_harness_selftest", "HarnessBasics.TwoRanks", 2);
+  const TestResult& t = only_test(runs[0]);
+  EXPECT_EQ(t.status, Status::Pass) << t.message << runs[0].output << runs[1].output;
+  EXPECT_EQ(t.launcher, "env");
+  EXPECT_EQ(t.world_size, 2);
+  EXPECT_EQ(runs[0].results.run_info.launcher, "env");
+  for (auto& r : runs) EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (auto& r : runs) expect_clean(r);
+}
+
+TEST(HarnessEnvLauncher, FailureOnRank1IsReportedByRank0) {
+  auto runs = run_env_world("tdc_harness_mustfail", "MustFail.EnvFailOnRank1", 2);
+  const TestResult& t = only_test(runs[0]);
+  EXPECT_EQ(t.status, Status::Fail) << runs[0].output;
+  EXPECT_TRUE(contains(t.message, "[rank 1] ")) << t.message;
+  EXPECT_TRUE(contains(t.message, "rank 1 fails on purpose")) << t.message;
+  EXPECT_EQ(runs[0].exit_code, 1);
+  for (auto& r : runs) expect_clean(r);
+}

@@ -1,1 +1,111 @@
-// placeholder: being written
+// Tests that MUST fail, each in its own way. They are not run directly (not in ctest): the
+// harness self-tests run this binary as a child harness and assert on what it reports
+// (status, rank, timing, no orphan processes, no leftover temp dirs).
+#include <signal.h>
+#include <unistd.h>
+
+#include <stdexcept>
+#include <thread>
+
+#include "tdc/harness/harness.h"
+#include "tdc/harness/subtests.h"
+
+using tdc::harness::barrier;
+using tdc::harness::ctx;
+using tdc::harness::Launcher;
+
+namespace tdc_mustfail {
+// Named so that stacks printed on timeout can be checked for it (exported via -rdynamic).
+[[gnu::noinline]] void sleep_forever() {
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+}  // namespace tdc_mustfail
+
+TDC_DIST_SUITE(MustFail, .world_size = 4, .timeout_s = 20);
+
+TDC_DIST_TEST(MustFail, CrashOnOneRank) {
+  barrier();
+  if (ctx().rank == 1) raise(SIGSEGV);
+  barrier();  // the others block here until the harness stops them
+}
+
+TDC_DIST_TEST(MustFail, HangOnOneRank, .timeout_s = 3) {
+  barrier();
+  if (ctx().rank == 2) tdc_mustfail::sleep_forever();
+  barrier();
+}
+
+TDC_DIST_TEST(MustFail, ExceptionOnOneRank) {
+  barrier();
+  if (ctx().rank == 3) throw std::runtime_error("boom from rank 3");
+  barrier();
+}
+
+TDC_DIST_TEST(MustFail, AssertInSubtest) {
+  tdc::harness::subtests({{"x", {1, 2}}}, [](const tdc::harness::Params& p) {
+    if (ctx().rank == 1) EXPECT_EQ(p.get<int>("x"), 1) << "x must be 1";
+  });
+}
+
+TDC_DIST_TEST(MustFail, SkipDisagreement) {
+  if (ctx().rank == 0) GTEST_SKIP() << "rank 0 wants to skip";
+  barrier();  // the others wait for rank 0, which never comes
+}
+
+TDC_DIST_TEST(MustFail, SkipOnAllRanks) { TDC_SKIP_IF(true, "nothing to do on this host"); }
+
+TDC_DIST_TEST(MustFail, SkipIfLtXGpu) { TDC_SKIP_IF_LT_X_GPU(64); }
+
+TDC_DIST_TEST(MustFail, NotSupported) { TDC_NOT_SUPPORTED("fully_shard(offload_policy=CPUOffloadPolicy)"); }
+
+TDC_DIST_TEST(MustFail, ExitEarly) {
+  if (ctx().rank == 2) std::exit(3);
+  barrier();
+}
+
+TDC_DIST_TEST(MustFail, ThreadExceptionOnOneRank, .launcher = Launcher::Thread) {
+  barrier();
+  if (ctx().rank == 3) throw std::runtime_error("boom from thread rank 3");
+  barrier();
+}
+
+TDC_DIST_TEST(MustFail, ThreadHangOnOneRank, .timeout_s = 3, .launcher = Launcher::Thread) {
+  barrier();
+  if (ctx().rank == 2) tdc_mustfail::sleep_forever();
+  barrier();
+}
+
+TDC_DIST_TEST(MustFail, ThreadCrashOnOneRank, .launcher = Launcher::Thread) {
+  barrier();
+  if (ctx().rank == 1) raise(SIGABRT);
+  barrier();
+}
+
+TDC_DIST_TEST(MustFail, SpawnCrashOnOneRank, .launcher = Launcher::Spawn) {
+  barrier();
+  if (ctx().rank == 1) raise(SIGSEGV);
+  barrier();
+}
+
+TDC_DIST_TEST(MustFail, SpawnHangOnOneRank, .timeout_s = 3, .launcher = Launcher::Spawn) {
+  barrier();
+  if (ctx().rank == 0) tdc_mustfail::sleep_forever();
+  barrier();
+}
+
+// For the interrupt test: runs until the harness is killed from outside.
+TDC_DIST_TEST(MustFail, LongHang, .timeout_s = 120) { tdc_mustfail::sleep_forever(); }
+
+// For the env launcher: rank 1 fails, rank 0 must report it.
+TDC_DIST_TEST(MustFail, EnvFailOnRank1, .world_size = 2) {
+  EXPECT_NE(ctx().rank, 1) << "rank 1 fails on purpose";
+}
+
+// Passes: used with an expectations file that says it fails (-> XPASS).
+TDC_DIST_TEST(MustFail, PassesButExpectedToFail, .world_size = 2) { barrier(); }
+
+// No deadline of its own: takes --tdc_timeout.
+TDC_DIST_TEST(MustFailDefaults, HangWithRunDeadline, .world_size = 2) {
+  if (ctx().rank == 1) tdc_mustfail::sleep_forever();
+  barrier();
+}

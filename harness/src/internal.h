@@ -1,0 +1,88 @@
+// Internals shared by the harness's translation units. Not installed, not for tests.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <mutex>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tdc/harness/harness.h"
+#include "tdc/harness/launch.h"
+
+namespace tdc::harness::detail {
+
+// ---------------------------------------------------------------- rank -> parent event stream
+// One JSON object per line on a pipe. Lines are written whole under a process-wide mutex, so
+// thread ranks sharing one pipe never interleave.
+//   {"e":"fail","rank":r,"file":f,"line":n,"msg":m}   a failed assertion or an exception
+//   {"e":"skip","rank":r,"msg":m}                      GTEST_SKIP / TDC_SKIP_IF
+//   {"e":"done","rank":r,"dur":s}                      the body returned
+class EventSink {
+ public:
+  explicit EventSink(int fd) : fd_(fd) {}
+  void write(const nlohmann::json& j);
+  int fd() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// Runs `body` as rank ctx.rank on the calling thread: installs the context, seeds, intercepts
+// GoogleTest results and exceptions, and streams events. Never throws.
+void run_rank(const RankContext& ctx, const std::function<void()>& body, EventSink& sink,
+              int num_threads);
+
+// Installs (and clears) the calling thread's context.
+struct ContextScope {
+  explicit ContextScope(const RankContext& c);
+  ~ContextScope();
+};
+
+// The current subtest label of the calling thread ("" outside subtests).
+std::string& subtest_label();
+
+// ---------------------------------------------------------------- stacks
+// In a rank process: SIGUSR2 makes every thread write its stack to `path`, and fatal signals print
+// a backtrace to stderr before the process dies with the same signal.
+void install_rank_signal_handlers(const std::string& stacks_path, int rank_hint);
+// In the parent: ask `pid` for its stacks (signal or gdb per settings().stacks), at most
+// `budget_s` seconds. Returns readable, demangled text.
+std::string capture_stacks(pid_t pid, const std::string& stacks_path, double budget_s);
+std::string demangle_text(const std::string& text);
+
+// ---------------------------------------------------------------- parent-side bookkeeping
+// Live rank processes and the current temp dir, for the SIGINT/SIGTERM handler.
+void track_child(pid_t pid);
+void untrack_child(pid_t pid);
+void track_temp_dir(const std::string& path);
+void install_parent_signal_handlers();
+void reset_signal_handlers_in_child();
+bool interrupted();
+// Set when a spawn-launched process is a rank (--tdc_child).
+struct ChildSpec {
+  bool active = false;
+  int rank = 0, world_size = 0, events_fd = -1;
+  std::string temp_dir;
+  uint64_t seed = 1234;
+  int num_threads = 1;
+};
+ChildSpec& child_spec();
+
+// Outcome of the test that run_distributed ran last, for the results listener.
+struct LastOutcome {
+  std::string test_id;
+  Outcome outcome;
+  int world_size = 0;
+  std::string launcher;
+};
+LastOutcome& last_outcome();
+
+// Resolved options for a test: test > suite > run defaults.
+LaunchSpec resolve(const char* suite, const char* name, const TestOptions& o);
+
+std::string signal_name(int sig);
+
+}  // namespace tdc::harness::detail

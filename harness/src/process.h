@@ -1,0 +1,65 @@
+// Parent side of a launch: watches rank processes (pidfd + pipes), enforces the deadline and
+// the first-failure abort, and turns what it saw into an Outcome.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "internal.h"
+
+namespace tdc::harness::detail {
+
+struct ChildProc {
+  pid_t pid = -1;
+  int pidfd = -1;
+  int events_fd = -1;   // read end of the rank -> parent event pipe
+  int output_fd = -1;   // read end of the child's stdout+stderr
+  std::vector<int> ranks;  // ranks this process hosts (one, or all for the thread launcher)
+  std::string stacks_path;
+  // filled by the supervisor
+  std::string event_buf, output;
+  bool exited = false;
+  int wait_status = 0;
+};
+
+class Supervisor {
+ public:
+  Supervisor(const LaunchSpec& spec, std::string temp_dir);
+  ~Supervisor();  // kills and reaps anything still alive
+  void add(ChildProc child);
+  Outcome run();
+  const std::vector<ChildProc>& children() const { return children_; }
+  // Without processes (the env launcher): feed every rank's event lines, then get the outcome.
+  void ingest(const std::string& event_lines);
+  Outcome outcome_from_events(double elapsed) { return make_outcome(false, "", elapsed); }
+
+ private:
+  struct RankState {
+    bool done = false;
+    bool skipped = false;
+    std::vector<Failure> failures;
+    std::vector<std::string> skips;
+    double duration_s = 0;
+  };
+  void handle_events(std::string& buf);
+  void drain(ChildProc& c);
+  void reap(ChildProc& c, bool block);
+  void kill_all();
+  Outcome make_outcome(bool timed_out, const std::string& stacks, double elapsed);
+  bool child_crashed(const ChildProc& c) const;
+
+  LaunchSpec spec_;
+  std::string temp_dir_;
+  std::vector<ChildProc> children_;
+  std::vector<RankState> ranks_;
+  std::vector<int> aborted_ranks_;
+  int first_bad_rank_ = -1;
+};
+
+// A fresh private temp dir for one test ($TMPDIR or /tmp); removed by remove_temp_dir.
+std::string make_temp_dir(const std::string& test_id);
+void remove_temp_dir(const std::string& path);
+
+}  // namespace tdc::harness::detail
