@@ -1,6 +1,8 @@
 // The rank context, run settings, suite options, and running one rank's body.
 #include <unistd.h>
 
+#include <set>
+
 #include <ATen/Parallel.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -70,6 +72,30 @@ int device_count() {
 }
 
 void register_suite_options(const char* suite, const TestOptions& o) { suite_options()[suite] = o; }
+
+namespace {
+struct Capabilities {
+  bool declared = false;
+  std::string implementation;
+  std::set<std::string> features;
+};
+Capabilities& capabilities() {
+  static Capabilities c;
+  return c;
+}
+}  // namespace
+
+void declare_capabilities(const std::string& implementation, const std::vector<std::string>& features) {
+  auto& c = capabilities();
+  c.declared = true;
+  c.implementation = implementation;
+  c.features.insert(features.begin(), features.end());
+}
+
+bool has_capability(const std::string& feature) {
+  const auto& c = capabilities();
+  return !c.declared || c.features.count(feature) > 0;
+}
 
 namespace detail {
 

@@ -308,6 +308,9 @@ TEST(HarnessMustFail, SkipIfLtXGpu) {
 TEST(HarnessMustFail, NotSupported) {
   expect_status("NotSupported", Status::NotSupported, {"CPUOffloadPolicy"}, 5);
 }
+TEST(HarnessMustFail, MissingCapabilityIsNotSupported) {
+  expect_status("MissingCapability", Status::NotSupported, {"fsdp2.cpu_offload"}, 5);
+}
 TEST(HarnessMustFail, ExitEarlyIsACrash) {
   expect_status("ExitEarly", Status::Crash, {"[rank 2]", "exited with code 3"}, 5);
 }

@@ -58,6 +58,13 @@ TDC_DIST_TEST(MustFail, SkipIfLtXGpu) { TDC_SKIP_IF_LT_X_GPU(64); }
 
 TDC_DIST_TEST(MustFail, NotSupported) { TDC_NOT_SUPPORTED("fully_shard(offload_policy=CPUOffloadPolicy)"); }
 
+TDC_DIST_TEST(MustFail, MissingCapability, .world_size = 2) {
+  tdc::harness::declare_capabilities("mustfail-impl", {"fsdp2.basic"});
+  TDC_REQUIRE_CAPABILITY("fsdp2.basic");  // present: no skip
+  TDC_REQUIRE_CAPABILITY("fsdp2.cpu_offload");
+  ADD_FAILURE() << "unreachable: the capability is missing";
+}
+
 TDC_DIST_TEST(MustFail, ExitEarly) {
   if (ctx().rank == 2) std::exit(3);
   barrier();

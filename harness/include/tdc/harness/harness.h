@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Generator.h>
 #include <c10/core/Device.h>
@@ -66,6 +67,13 @@ void barrier();
 // Number of accelerator devices visible to this process (0 on a CPU-only build or host).
 int device_count();
 
+// ------------------------------------------------------------------ capabilities
+// The implementation under test declares the features it has (e.g. "fsdp2.cpu_offload",
+// "dtensor.strided_shard"); a test that needs one it lacks reports NOT_SUPPORTED, never PASS.
+// Until an implementation declares anything, every capability is assumed present.
+void declare_capabilities(const std::string& implementation, const std::vector<std::string>& features);
+bool has_capability(const std::string& feature);
+
 // ------------------------------------------------------------------ registration (macros use these)
 using Body = void (*)();
 void register_suite_options(const char* suite, const TestOptions& options);
@@ -113,3 +121,6 @@ struct SuiteRegistrar {
 
 // The implementation under test lacks a feature: reported as NOT_SUPPORTED, never PASS.
 #define TDC_NOT_SUPPORTED(feature) GTEST_SKIP() << "[NOT_SUPPORTED] " << feature
+
+#define TDC_REQUIRE_CAPABILITY(feature)                                              \
+  if (!::tdc::harness::has_capability(feature)) TDC_NOT_SUPPORTED(feature)
