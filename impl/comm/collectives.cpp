@@ -1,1 +1,362 @@
-// placeholder: being written
+#include "tdc/comm/collectives.h"
+
+#include <cstdio>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "checks.h"
+#include "internal.h"
+
+namespace tdc::comm {
+
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM: return "SUM";
+    case ReduceOp::AVG: return "AVG";
+    case ReduceOp::MAX: return "MAX";
+    case ReduceOp::MIN: return "MIN";
+  }
+  return "?";
+}
+
+// ------------------------------------------------------------------------------------- Work
+Work::Work(c10::intrusive_ptr<c10d::Work> work, std::function<void()> then)
+    : work_(std::move(work)), then_(std::move(then)) {}
+
+Work::Work(Work&& other) noexcept : work_(std::move(other.work_)), then_(std::move(other.then_)) {
+  other.then_ = nullptr;
+}
+
+Work& Work::operator=(Work&& other) noexcept {
+  if (this != &other) {
+    this->~Work();  // an overwritten pending Work is finished first, as on destruction
+    new (this) Work(std::move(other));
+  }
+  return *this;
+}
+
+Work::~Work() {
+  if (done()) return;
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    // A destructor cannot throw; the caller dropped the Work, so this is the only place to say it.
+    std::fprintf(stderr, "tdc::comm::Work: collective dropped without wait() failed: %s\n", e.what());
+  }
+}
+
+void Work::wait() {
+  // Always Work::wait(): getFuture()->wait() then result() raced on some Gloo ranks.
+  if (work_) {
+    auto w = std::move(work_);
+    work_.reset();
+    w->wait();
+  }
+  if (then_) {
+    auto f = std::move(then_);
+    then_ = nullptr;
+    f();
+  }
+}
+
+namespace detail {
+namespace {
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM: return c10d::ReduceOp(c10d::ReduceOp::SUM);
+    case ReduceOp::AVG: return c10d::ReduceOp(c10d::ReduceOp::AVG);
+    case ReduceOp::MAX: return c10d::ReduceOp(c10d::ReduceOp::MAX);
+    case ReduceOp::MIN: return c10d::ReduceOp(c10d::ReduceOp::MIN);
+  }
+  throw std::invalid_argument("unknown ReduceOp");
+}
+
+// [Note: backend aliases] Tensors are handed to the backend as autograd-free aliases
+// (variable_data: same storage, own version counter). Backends write outputs with copy_ on
+// their own threads, where grad mode is on: on a leaf that requires grad that would throw, and
+// Gloo's allgather would bump the version counter once per chunk. tdc bumps the caller's
+// counter exactly once per written output instead (what any in-place op does).
+at::Tensor backend_view(const at::Tensor& t) { return t.variable_data(); }
+
+void bump_version(const at::Tensor& t) {
+  if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
+}
+
+// A contiguous buffer to hand the backend for `t`, and how to publish its result into `t`.
+struct Staged {
+  at::Tensor buf;
+  at::Tensor target;
+  bool copy_back;
+  void publish() const {
+    if (copy_back) backend_view(target).copy_(buf);
+    bump_version(target);
+  }
+};
+Staged stage(const at::Tensor& t) {
+  if (t.is_contiguous()) return {backend_view(t), t, false};
+  return {backend_view(t).contiguous(), t, true};
+}
+
+void record(const std::optional<OpKind>& kind, int64_t bytes) {
+  if (kind) CommDebugMode::record(*kind, bytes);
+}
+
+Work finish(c10::intrusive_ptr<c10d::Work> w, std::function<void()> then, bool async_op) {
+  Work work(std::move(w), std::move(then));
+  if (!async_op) work.wait();
+  return work;
+}
+
+std::string avg_error(const char* op, const ProcessGroup& g, const at::Tensor& t) {
+  if (at::isFloatingType(t.scalar_type()) || at::isComplexType(t.scalar_type())) return "";
+  return fmt::format(
+      "{} on {}: ReduceOp AVG needs a floating-point tensor, got {} (an integer average would "
+      "truncate; use SUM and divide)",
+      op, group_label(g), describe(t));
+}
+
+// Shapes accepted for the "big" side of all-gather / reduce-scatter, as torch.distributed does:
+// concatenated along dim 0 ([n*d0, ...]) or stacked ([n, d0, ...]).
+std::string size_error(const char* op, const ProcessGroup& g, const char* big_name,
+                       const at::Tensor& big, const char* small_name, const at::Tensor& small) {
+  if (big.scalar_type() != small.scalar_type()) {
+    return fmt::format("{} on {}: {} is {} but {} is {}; dtypes must match", op, group_label(g),
+                       big_name, describe(big), small_name, describe(small));
+  }
+  std::vector<int64_t> cat(small.sizes().begin(), small.sizes().end());
+  if (cat.empty()) cat.push_back(1);
+  cat[0] *= g.size();
+  std::vector<int64_t> stacked{g.size()};
+  stacked.insert(stacked.end(), small.sizes().begin(), small.sizes().end());
+  if (big.sizes().vec() == cat || big.sizes().vec() == stacked) return "";
+  return fmt::format("{} on {}: {} is {}, expected {}[{}] (group size {} x {} {})", op, group_label(g),
+                     big_name, describe(big), describe(big).substr(0, describe(big).find('[')),
+                     fmt::join(cat, ", "), g.size(), small_name, describe(small));
+}
+
+}  // namespace
+
+Work all_reduce(at::Tensor& tensor, ReduceOp op, const GroupPtr& group, bool async_op,
+                std::optional<OpKind> record_as) {
+  const ProcessGroup& g = *resolve(group);
+  agree(g, {.op = Coll::AllReduce, .tensor = tensor, .reduce = op,
+            .local_error = op == ReduceOp::AVG ? avg_error("all_reduce", g, tensor) : ""});
+  record(record_as, tensor.nbytes());
+  const bool emulate_avg = op == ReduceOp::AVG && !g.native_avg();
+  Staged s = stage(tensor);
+  std::vector<at::Tensor> v{s.buf};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = to_c10d(emulate_avg ? ReduceOp::SUM : op);
+  opts.timeout = g.options().timeout;
+  auto w = g.backend().allreduce(v, opts);
+  const int n = g.size();
+  return finish(std::move(w), [s, emulate_avg, n] {
+    if (emulate_avg) s.buf.div_(n);  // AVG = SUM / size (Gloo has no AVG)
+    s.publish();
+  }, async_op);
+}
+
+Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const GroupPtr& group,
+                            bool async_op, std::optional<OpKind> record_as) {
+  const ProcessGroup& g = *resolve(group);
+  agree(g, {.op = Coll::AllGather, .tensor = input,
+            .local_error = size_error("all_gather_into_tensor", g, "output", output, "input", input)});
+  record(record_as, input.nbytes());
+  at::Tensor in = backend_view(input).contiguous();
+  Staged s = stage(output);
+  AT_ASSERT(s.buf.numel() == in.numel() * g.size());
+  at::Tensor out_flat = s.buf.view({g.size() * std::max<int64_t>(in.numel(), 0)});
+  at::Tensor in_flat = in.view({in.numel()});
+  c10d::AllgatherOptions opts;
+  opts.timeout = g.options().timeout;
+  auto w = g.backend()._allgather_base(out_flat, in_flat, opts);
+  return finish(std::move(w), [s, in] { s.publish(); }, async_op);
+}
+
+Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                           const GroupPtr& group, bool async_op, std::optional<OpKind> record_as) {
+  const ProcessGroup& g = *resolve(group);
+  std::string err = size_error("reduce_scatter_tensor", g, "input", input, "output", output);
+  if (err.empty() && op == ReduceOp::AVG) err = avg_error("reduce_scatter_tensor", g, input);
+  agree(g, {.op = Coll::ReduceScatter, .tensor = input, .reduce = op, .local_error = err});
+  record(record_as, input.nbytes());
+  const int n = g.size();
+  at::Tensor in = backend_view(input).contiguous().view({input.numel()});
+  Staged s = stage(output);
+  at::Tensor out_flat = s.buf.view({s.buf.numel()});
+  const bool emulate_avg = op == ReduceOp::AVG && !g.native_avg();
+
+  if (g.native_reduce_scatter()) {
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = to_c10d(emulate_avg ? ReduceOp::SUM : op);
+    opts.timeout = g.options().timeout;
+    auto w = g.backend()._reduce_scatter_base(out_flat, in, opts);
+    return finish(std::move(w), [s, in, emulate_avg, n] {
+      if (emulate_avg) s.buf.div_(n);
+      s.publish();
+    }, async_op);
+  }
+  // Emulation (backends without a native reduce-scatter that honours the op): one all-to-all
+  // moves chunk r of every rank to rank r (bandwidth-optimal, like a ring reduce-scatter), then
+  // the n received chunks are reduced locally, in rank order.
+  at::Tensor received = at::empty_like(in);
+  std::vector<int64_t> even;
+  c10d::AllToAllOptions opts;
+  opts.timeout = g.options().timeout;
+  auto w = g.backend().alltoall_base(received, in, even, even, opts);
+  return finish(std::move(w), [s, received, op, n] {
+    at::Tensor chunks = received.view({n, -1});
+    at::Tensor r;
+    switch (op) {
+      case ReduceOp::SUM: r = chunks.sum(0); break;
+      case ReduceOp::AVG: r = chunks.sum(0).div_(n); break;
+      case ReduceOp::MAX: r = std::get<0>(chunks.max(0)); break;
+      case ReduceOp::MIN: r = std::get<0>(chunks.min(0)); break;
+    }
+    s.buf.view({s.buf.numel()}).copy_(r);
+    s.publish();
+  }, async_op);
+}
+
+}  // namespace detail
+
+// ------------------------------------------------------------------------------ public API
+Work all_reduce(at::Tensor& tensor, ReduceOp op, const GroupPtr& group, bool async_op) {
+  return detail::all_reduce(tensor, op, group, async_op, OpKind::AllReduce);
+}
+
+Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const GroupPtr& group,
+                            bool async_op) {
+  return detail::all_gather_into_tensor(output, input, group, async_op, OpKind::AllGatherBase);
+}
+
+Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                           const GroupPtr& group, bool async_op) {
+  return detail::reduce_scatter_tensor(output, input, op, group, async_op, OpKind::ReduceScatterBase);
+}
+
+Work all_to_all_single(at::Tensor& output, const at::Tensor& input,
+                       const std::vector<int64_t>& output_split_sizes,
+                       const std::vector<int64_t>& input_split_sizes, const GroupPtr& group,
+                       bool async_op) {
+  using namespace detail;
+  const ProcessGroup& g = *resolve(group);
+  const int n = g.size();
+  const std::string where = fmt::format("all_to_all_single on {}", group_label(g));
+  // Validate one side's split sizes against its tensor; an empty list means an even split.
+  auto splits_of = [&](const char* side, const at::Tensor& t, const std::vector<int64_t>& given,
+                       std::vector<int64_t>& out) -> std::string {
+    const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+    if (given.empty()) {
+      if (rows % n != 0) {
+        return fmt::format("{}: {} {} has {} rows, not divisible by the group size {} (pass {} split "
+                           "sizes for an uneven split)", where, side, describe(t), rows, n, side);
+      }
+      out.assign(n, rows / n);
+      return "";
+    }
+    if (static_cast<int>(given.size()) != n) {
+      return fmt::format("{}: {} split sizes {} have {} entries, expected one per rank ({})", where,
+                         side, given, given.size(), n);
+    }
+    int64_t sum = 0;
+    for (int64_t v : given) {
+      if (v < 0) return fmt::format("{}: {} split sizes {} contain a negative size", where, side, given);
+      sum += v;
+    }
+    if (sum != rows) {
+      return fmt::format("{}: {} split sizes {} sum to {}, but {} {} has {} rows", where, side, given,
+                         sum, side, describe(t), rows);
+    }
+    out = given;
+    return "";
+  };
+  std::vector<int64_t> in_splits, out_splits;
+  std::string err;
+  if (output.scalar_type() != input.scalar_type() || output.dim() != input.dim() ||
+      (input.dim() > 1 && output.sizes().slice(1) != input.sizes().slice(1))) {
+    err = fmt::format("{}: output {} and input {} must have the same dtype and trailing dims", where,
+                      describe(output), describe(input));
+  }
+  if (err.empty()) err = splits_of("input", input, input_split_sizes, in_splits);
+  if (err.empty()) err = splits_of("output", output, output_split_sizes, out_splits);
+  std::vector<int64_t> both = in_splits;
+  both.insert(both.end(), out_splits.begin(), out_splits.end());
+  if (!err.empty()) both.assign(2 * n, -1);
+  const bool uneven = !input_split_sizes.empty() || !output_split_sizes.empty();
+  agree(g, {.op = Coll::AllToAll, .tensor = input, .ignore_dim0 = uneven, .splits = both,
+            .local_error = err});
+  CommDebugMode::record(OpKind::AllToAllBase, input.nbytes());
+  at::Tensor in = backend_view(input).contiguous();
+  Staged s = stage(output);
+  // Gloo counts splits in rows of dim 0; empty lists mean even.
+  std::vector<int64_t> osz = output_split_sizes, isz = input_split_sizes;
+  c10d::AllToAllOptions opts;
+  opts.timeout = g.options().timeout;
+  auto w = g.backend().alltoall_base(s.buf, in, osz, isz, opts);
+  return detail::finish(std::move(w), [s, in] { s.publish(); }, async_op);
+}
+
+Work broadcast(at::Tensor& tensor, int src, const GroupPtr& group, bool async_op) {
+  using namespace detail;
+  const ProcessGroup& g = *resolve(group);
+  std::string err;
+  if (src < 0 || src >= g.size()) {
+    err = fmt::format("broadcast on {}: src {} is not a rank of the group [0, {})", group_label(g), src,
+                      g.size());
+  }
+  agree(g, {.op = Coll::Broadcast, .tensor = tensor, .root = src, .local_error = err});
+  CommDebugMode::record(OpKind::Broadcast, tensor.nbytes());
+  Staged s = stage(tensor);
+  std::vector<at::Tensor> v{s.buf};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = src;
+  opts.timeout = g.options().timeout;
+  auto w = g.backend().broadcast(v, opts);
+  return finish(std::move(w), [s] { s.publish(); }, async_op);
+}
+
+namespace {
+void check_peer(const char* op, const char* what, int peer, const ProcessGroup& g) {
+  if (peer < 0 || peer >= g.size() || peer == g.rank()) {
+    throw std::invalid_argument(fmt::format("{} on {}: {} {} must be another rank of the group (this is "
+                                            "rank {})", op, detail::group_label(g), what, peer, g.rank()));
+  }
+}
+}  // namespace
+
+// Point-to-point ops have no cross-rank check: only two ranks take part and they may differ in
+// what else they do. The returned Work is pending; dropping it waits (a plain statement
+// `send(t, 1);` is therefore blocking, `auto w = send(t, 1);` overlaps).
+Work send(const at::Tensor& tensor, int dst, const GroupPtr& group, int tag) {
+  const ProcessGroup& g = *resolve(group);
+  check_peer("send", "dst", dst, g);
+  CommDebugMode::record(OpKind::Send, tensor.nbytes());
+  std::vector<at::Tensor> v{detail::backend_view(tensor).contiguous()};
+  auto w = g.backend().send(v, dst, tag);
+  return Work(std::move(w), [v] {});  // keeps the contiguous copy alive until sent
+}
+
+Work recv(at::Tensor& tensor, int src, const GroupPtr& group, int tag) {
+  const ProcessGroup& g = *resolve(group);
+  check_peer("recv", "src", src, g);
+  CommDebugMode::record(OpKind::Recv, 0);
+  detail::Staged s = detail::stage(tensor);
+  std::vector<at::Tensor> v{s.buf};
+  auto w = g.backend().recv(v, src, tag);
+  return Work(std::move(w), [s] { s.publish(); });
+}
+
+void barrier(const GroupPtr& group) {
+  const ProcessGroup& g = *resolve(group);
+  detail::agree(g, {.op = detail::Coll::Barrier});
+  CommDebugMode::record(OpKind::Barrier, 0);
+  c10d::BarrierOptions opts;
+  opts.timeout = g.options().timeout;
+  g.backend().barrier(opts)->wait();
+}
+
+}  // namespace tdc::comm

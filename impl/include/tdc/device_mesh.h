@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,10 @@ class DeviceMesh {
   // per-dim groups. Throws std::invalid_argument naming an unknown dim and the known ones.
   DeviceMesh operator[](const std::string& name) const;
   DeviceMesh operator[](const std::vector<std::string>& names) const;
+  // Makes mesh[{"dp", "tp"}] unambiguous (a braced pair of literals also converts to std::string).
+  DeviceMesh operator[](std::initializer_list<std::string> names) const {
+    return (*this)[std::vector<std::string>(names)];
+  }
 
   // The group of dim `dim` that contains the calling rank. get_group() is for 1-D meshes.
   comm::GroupPtr get_group(int64_t dim) const;
@@ -43,6 +48,8 @@ class DeviceMesh {
   DeviceMesh flatten(const std::string& name = "") const;
 
   int64_t dim_index(const std::string& name) const;  // throws on unknown names
+  // Same device type, shape, dim names and ranks.
+  bool operator==(const DeviceMesh& other) const;
   std::string to_string() const;            // "DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp'))"
 
   struct State;

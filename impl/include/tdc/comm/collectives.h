@@ -2,9 +2,17 @@
 // Every call takes an optional group (default: the calling rank's default group) and is
 // synchronous unless async_op is true, in which case the returned Work must be waited on.
 //
-// Emulations (used where a backend lacks an op, and counted as the op the caller asked for):
-//   ReduceOp::AVG                   = SUM, then divide by the group size (floating point only)
-//   reduce_scatter_tensor           = all_to_all_single + local reduction
+// Emulations (used where a backend lacks an op, and counted as the op the caller asked for;
+// ProcessGroup::native_avg() / native_reduce_scatter() say which a group uses):
+//   ReduceOp::AVG                   = SUM, then divide by the group size (floating point only;
+//                                     integer AVG is rejected on every backend)
+//   reduce_scatter_tensor           = alltoall_base + local reduction in rank order (plug-ins and
+//                                     Gloo before LibTorch 2.13, whose _reduce_scatter_base
+//                                     ignored the op; 2.13's honours SUM/MAX/MIN: probed)
+// Dtypes: Gloo in LibTorch 2.13 runs every op here on f32, f64, bf16 and f16 natively (probed and
+// tested), so there is no upcasting emulation.
+// Non-contiguous tensors are staged through a contiguous copy and written back. Outputs are
+// written through autograd-free aliases and their version counter is bumped once.
 // Argument checks: when enabled (default; TDC_COMM_CHECKS=0 disables), each collective first
 // exchanges a small fingerprint (op, dtype, shape) so that ranks that disagree get an error
 // naming the op, the group and every rank's tensor, instead of a hang.
@@ -58,7 +66,8 @@ Work all_to_all_single(at::Tensor& output, const at::Tensor& input,
                        const GroupPtr& group = {}, bool async_op = false);
 // src is a group rank.
 Work broadcast(at::Tensor& tensor, int src, const GroupPtr& group = {}, bool async_op = false);
-// dst/src are group ranks.
+// dst/src are group ranks. No cross-rank check (point-to-point). The returned Work is pending and
+// dropping it waits: `send(t, 1);` blocks, `auto w = send(t, 1);` overlaps (isend).
 Work send(const at::Tensor& tensor, int dst, const GroupPtr& group = {}, int tag = 0);
 Work recv(at::Tensor& tensor, int src, const GroupPtr& group = {}, int tag = 0);
 void barrier(const GroupPtr& group = {});

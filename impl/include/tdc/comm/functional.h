@@ -4,6 +4,9 @@
 //   all_gather_tensor      forward: all-gather along gather_dim   backward: reduce-scatter (SUM)
 //   reduce_scatter_tensor  forward: reduce-scatter along dim      backward: all-gather
 //   all_reduce             forward: all-reduce                    backward: all-reduce (SUM)
+// With ReduceOp::AVG the backward is scaled by 1/size (all-gather / n, resp. all-reduce AVG);
+// MAX/MIN run forward but throw in backward (not linear). The group used in forward is kept for
+// backward.
 #pragma once
 
 #include <ATen/core/Tensor.h>

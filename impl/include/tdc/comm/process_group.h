@@ -44,6 +44,9 @@ class ProcessGroup {
   // docs/architecture.md, "Emulations").
   bool native_avg() const { return native_avg_; }
   bool native_reduce_scatter() const { return native_reduce_scatter_; }
+  // Use tdc's emulations of AVG and reduce-scatter on this group even where the backend has them
+  // natively (tests of the emulations; a backend whose native op misbehaves).
+  void use_emulations() { native_avg_ = native_reduce_scatter_ = false; }
 
   ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend,
                int rank, int size, GroupOptions options, std::vector<int> global_ranks);
@@ -68,8 +71,11 @@ GroupPtr default_group();  // throws std::logic_error naming the missing init_pr
 void destroy_process_group();
 
 // A group over `ranks` (global ranks, any order, no duplicates) made from the world's store.
-// Only members take part and get a group; non-members get nullptr and need not call it.
-// Members must create their groups in the same order.
+// Group ranks follow the sorted global ranks (as torch.distributed.new_group). Only members take
+// part and get a group; non-members get nullptr and need not call it. Members must create their
+// groups in the same order. Options left at their defaults (backend "gloo", device "cpu", 300 s)
+// inherit the world's backend, device and timeout, so sub-groups of an NCCL or plug-in world use
+// that backend too.
 GroupPtr new_group(const std::vector<int>& ranks, const GroupOptions& options = {});
 
 // `group` itself, or the default group when null.

@@ -1,0 +1,185 @@
+// [Note: cross-rank argument checks] A collective whose ranks disagree on the tensor shape, the
+// dtype, the op or the root does not fail in Gloo: it hangs, or returns garbage. So before each
+// collective (unless TDC_COMM_CHECKS=0 or set_argument_checks(false)) every rank contributes a
+// fixed-size int64 fingerprint to one all-gather on the same group, and every rank compares all
+// of them. All ranks see the same data, so they all throw, with the same message: nobody is left
+// waiting in the real collective. A rank whose own arguments are bad (wrong output size) raises
+// a flag in its fingerprint instead of throwing at once, for the same reason. These exchanges are
+// not counted by CommDebugMode (they are tdc's, not the caller's).
+#include "checks.h"
+
+#include <cstdlib>
+#include <optional>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace tdc::comm::detail {
+namespace {
+
+thread_local std::optional<bool> tls_checks;
+
+constexpr int64_t kMagic = 0x7dc0c4ec;
+constexpr int kMaxDims = 8;
+// Layout of the fixed part of a fingerprint.
+enum Field : int { kFMagic, kFOp, kFDtype, kFNdim, kFShape, kFReduce = kFShape + kMaxDims, kFRoot,
+                   kFBadArgs, kFixed };
+
+std::string dtype_name(int64_t code) {
+  switch (static_cast<at::ScalarType>(code)) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    case at::kLong: return "int64";
+    case at::kInt: return "int32";
+    case at::kShort: return "int16";
+    case at::kChar: return "int8";
+    case at::kByte: return "uint8";
+    case at::kBool: return "bool";
+    default: return c10::toString(static_cast<at::ScalarType>(code));
+  }
+}
+
+std::string describe_fp(const int64_t* f) {
+  if (f[kFDtype] < 0) return "no tensor";
+  std::vector<std::string> dims;
+  const int64_t nd = f[kFNdim];
+  for (int64_t d = 0; d < std::min<int64_t>(nd, kMaxDims); ++d) {
+    dims.push_back(f[kFShape + d] < 0 ? std::string("*") : std::to_string(f[kFShape + d]));
+  }
+  if (nd > kMaxDims) dims.back() = fmt::format("{} (product of dims {}..{})", dims.back(), kMaxDims - 1, nd - 1);
+  return fmt::format("{}[{}]", dtype_name(f[kFDtype]), fmt::join(dims, ", "));
+}
+
+std::string reduce_name(int64_t code) {
+  return code < 0 ? "none" : to_string(static_cast<ReduceOp>(code));
+}
+
+}  // namespace
+
+bool checks_enabled() {
+  if (!tls_checks) {
+    const char* env = std::getenv("TDC_COMM_CHECKS");
+    tls_checks = !(env != nullptr && std::string(env) == "0");
+  }
+  return *tls_checks;
+}
+
+const char* coll_name(Coll c) {
+  switch (c) {
+    case Coll::AllReduce: return "all_reduce";
+    case Coll::AllGather: return "all_gather_into_tensor";
+    case Coll::ReduceScatter: return "reduce_scatter_tensor";
+    case Coll::AllToAll: return "all_to_all_single";
+    case Coll::Broadcast: return "broadcast";
+    case Coll::Barrier: return "barrier";
+  }
+  return "collective";
+}
+
+std::string describe(const at::Tensor& t) {
+  if (!t.defined()) return "undefined";
+  return fmt::format("{}[{}]", dtype_name(static_cast<int64_t>(t.scalar_type())),
+                     fmt::join(t.sizes(), ", "));
+}
+
+std::string group_label(const ProcessGroup& g) {
+  return fmt::format("group '{}' (size {})", g.name(), g.size());
+}
+
+void agree(const ProcessGroup& g, const CheckArgs& a) {
+  if (!checks_enabled()) {
+    if (!a.local_error.empty()) throw std::invalid_argument(a.local_error);
+    return;
+  }
+  const int n = g.size();
+  // Split sizes of all_to_all_single ride along (n inputs, n outputs) so every rank can verify
+  // every pair, not only its own.
+  const int64_t len = kFixed + 2 * n;
+  std::vector<int64_t> fp(len, -1);
+  fp[kFMagic] = kMagic;
+  fp[kFOp] = static_cast<int64_t>(a.op);
+  fp[kFReduce] = a.reduce ? static_cast<int64_t>(*a.reduce) : -1;
+  fp[kFRoot] = a.root;
+  fp[kFBadArgs] = a.local_error.empty() ? 0 : 1;
+  if (a.tensor.defined()) {
+    fp[kFDtype] = static_cast<int64_t>(a.tensor.scalar_type());
+    fp[kFNdim] = a.tensor.dim();
+    for (int64_t d = 0; d < a.tensor.dim(); ++d) {
+      const int64_t slot = std::min<int64_t>(d, kMaxDims - 1);
+      fp[kFShape + slot] = d <= kMaxDims - 1 ? a.tensor.size(d) : fp[kFShape + slot] * a.tensor.size(d);
+    }
+    if (a.ignore_dim0 && a.tensor.dim() > 0) fp[kFShape] = -1;
+  }
+  for (size_t i = 0; i < a.splits.size() && i < static_cast<size_t>(2 * n); ++i) fp[kFixed + i] = a.splits[i];
+
+  at::Device device = a.tensor.defined() ? a.tensor.device() : at::Device(g.device_type());
+  at::Tensor mine = at::tensor(fp, at::TensorOptions().dtype(at::kLong)).to(device);
+  at::Tensor all = at::empty({n * len}, mine.options());
+  g.backend()._allgather_base(all, mine)->wait();
+  all = all.cpu().contiguous();
+  const int64_t* f = all.data_ptr<int64_t>();
+  auto at_rank = [&](int r) { return f + r * len; };
+
+  const std::string where = fmt::format("{} on {}", coll_name(a.op), group_label(g));
+  if (!a.local_error.empty()) throw std::invalid_argument(a.local_error);
+  std::vector<int> bad;
+  for (int r = 0; r < n; ++r) {
+    if (at_rank(r)[kFMagic] != kMagic) {
+      throw std::runtime_error(fmt::format("{}: rank {} is in a different kind of collective (no tdc "
+                                           "fingerprint; calls out of order?)", where, r));
+    }
+    if (at_rank(r)[kFBadArgs] != 0) bad.push_back(r);
+  }
+  if (!bad.empty()) {
+    throw std::runtime_error(fmt::format("{}: rank(s) {} rejected their arguments (see their errors)",
+                                         where, fmt::join(bad, ", ")));
+  }
+  // Compare every rank with rank 0, one field group at a time, most basic first.
+  auto disagree = [&](const char* what, auto same, auto show) {
+    std::vector<std::string> parts;
+    for (int r = 1; r < n; ++r) {
+      if (!same(at_rank(0), at_rank(r))) parts.push_back(fmt::format("rank {} {}", r, show(at_rank(r))));
+    }
+    if (parts.empty()) return;
+    throw std::runtime_error(fmt::format("{}: ranks disagree on {}: rank 0 {}, {}", where, what,
+                                         show(at_rank(0)), fmt::join(parts, ", ")));
+  };
+  disagree("the collective", [](const int64_t* x, const int64_t* y) { return x[kFOp] == y[kFOp]; },
+           [](const int64_t* x) { return std::string(coll_name(static_cast<Coll>(x[kFOp]))); });
+  disagree("the tensor",
+           [](const int64_t* x, const int64_t* y) {
+             return std::equal(x + kFDtype, x + kFShape + kMaxDims, y + kFDtype);
+           },
+           describe_fp);
+  disagree("the reduce op", [](const int64_t* x, const int64_t* y) { return x[kFReduce] == y[kFReduce]; },
+           [](const int64_t* x) { return reduce_name(x[kFReduce]); });
+  disagree("the source rank", [](const int64_t* x, const int64_t* y) { return x[kFRoot] == y[kFRoot]; },
+           [](const int64_t* x) { return std::to_string(x[kFRoot]); });
+  if (a.op == Coll::AllToAll) {
+    for (int s = 0; s < n; ++s) {
+      for (int d = 0; d < n; ++d) {
+        const int64_t sends = at_rank(s)[kFixed + d];      // s's input split for d
+        const int64_t expects = at_rank(d)[kFixed + n + s];  // d's output split from s
+        if (sends != expects) {
+          throw std::runtime_error(fmt::format(
+              "{}: split sizes disagree: rank {} sends {} rows to rank {}, which expects {}", where,
+              s, sends, d, expects));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace tdc::comm::detail
+
+namespace tdc::comm {
+void set_argument_checks(bool enabled) { detail::tls_checks_set(enabled); }
+bool argument_checks() { return detail::checks_enabled(); }
+}  // namespace tdc::comm
+
+namespace tdc::comm::detail {
+void tls_checks_set(bool enabled) { tls_checks = enabled; }
+}  // namespace tdc::comm::detail
