@@ -1,1 +1,583 @@
-// placeholder: being written
+// The results model and its one writer: RunResults <-> JSON (docs/results-schema.md), JUnit XML,
+// expectations. Used by every test binary (at the end of its run) and by `tdc run` (merging).
+#include "tdc/harness/results.h"
+
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace tdc::harness {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+// ------------------------------------------------------------------ statuses
+
+namespace {
+constexpr std::pair<Status, const char*> kStatusNames[] = {
+    {Status::Pass, "PASS"},       {Status::Fail, "FAIL"},
+    {Status::Skip, "SKIP"},       {Status::NotSupported, "NOT_SUPPORTED"},
+    {Status::XFail, "XFAIL"},     {Status::XPass, "XPASS"},
+    {Status::Timeout, "TIMEOUT"}, {Status::Crash, "CRASH"},
+};
+constexpr int kSchemaVersion = 1;
+}  // namespace
+
+const char* to_string(Status s) {
+  for (const auto& [status, name] : kStatusNames)
+    if (status == s) return name;
+  return "UNKNOWN";
+}
+
+Status status_from_string(const std::string& s) {
+  for (const auto& [status, name] : kStatusNames)
+    if (s == name) return status;
+  throw std::invalid_argument(fmt::format(
+      "unknown test status '{}' (expected one of PASS, FAIL, SKIP, NOT_SUPPORTED, XFAIL, XPASS, "
+      "TIMEOUT, CRASH)",
+      s));
+}
+
+bool is_failure(Status s) {
+  return s == Status::Fail || s == Status::XPass || s == Status::Timeout || s == Status::Crash;
+}
+
+std::map<Status, int> RunResults::counts() const {
+  std::map<Status, int> c;
+  for (const auto& [status, name] : kStatusNames) c[status] = 0;
+  for (const auto& t : tests) ++c[t.status];
+  return c;
+}
+
+bool RunResults::ok() const {
+  for (const auto& t : tests)
+    if (is_failure(t.status)) return false;
+  return true;
+}
+
+// ------------------------------------------------------------------ JSON
+
+nlohmann::json to_json(const RunResults& r) {
+  const RunInfo& i = r.run_info;
+  json run_info = {
+      {"implementation", i.implementation},
+      {"implementation_version", i.implementation_version},
+      {"backend", i.backend},
+      {"device", i.device},
+      {"world_size", i.world_size},
+      {"launcher", i.launcher},
+      {"suite_revision", i.suite_revision},
+      {"tdc_version", i.tdc_version},
+      {"libtorch_version", i.libtorch_version},
+      {"host", i.host},
+      {"started_at", i.started_at},
+      {"duration_s", i.duration_s},
+  };
+  json tests = json::array();
+  for (const TestResult& t : r.tests) {
+    json ranks = json::array();
+    for (const RankDetail& d : t.ranks) {
+      json jd = {{"rank", d.rank},
+                 {"status", d.status},
+                 {"message", d.message},
+                 {"duration_s", d.duration_s}};
+      if (d.exit_code) jd["exit_code"] = *d.exit_code;
+      if (d.signal) jd["signal"] = *d.signal;
+      ranks.push_back(std::move(jd));
+    }
+    json jt = {{"id", t.id},
+               {"suite", t.suite},
+               {"name", t.name},
+               {"status", to_string(t.status)},
+               {"duration_s", t.duration_s},
+               {"message", t.message},
+               {"world_size", t.world_size},
+               {"launcher", t.launcher},
+               {"ranks", std::move(ranks)}};
+    if (!t.expectation.empty()) jt["expectation"] = t.expectation;
+    tests.push_back(std::move(jt));
+  }
+  // The summary is derived from "tests"; readers recompute it and ignore this copy.
+  json summary = json::object();
+  for (const auto& [status, n] : r.counts()) summary[to_string(status)] = n;
+  summary["total"] = r.tests.size();
+  summary["ok"] = r.ok();
+  return {{"schema_version", r.schema_version},
+          {"run_info", std::move(run_info)},
+          {"summary", std::move(summary)},
+          {"tests", std::move(tests)}};
+}
+
+namespace {
+
+// Typed field access with errors that name the field's path ("tests[3].status").
+class Reader {
+ public:
+  Reader(const json& j, std::string path) : j_(j), path_(std::move(path)) {
+    if (!j_.is_object())
+      throw std::runtime_error(fmt::format("{}: expected an object, got {}", where(), j_.type_name()));
+  }
+
+  std::string str(const char* key, bool required = true) const {
+    const json* v = find(key, required);
+    if (!v) return {};
+    if (!v->is_string()) type_error(key, "a string", *v);
+    return v->get<std::string>();
+  }
+  double num(const char* key, bool required = true) const {
+    const json* v = find(key, required);
+    if (!v) return 0;
+    if (!v->is_number()) type_error(key, "a number", *v);
+    return v->get<double>();
+  }
+  int integer(const char* key, bool required = true) const {
+    const json* v = find(key, required);
+    if (!v) return 0;
+    if (!v->is_number_integer()) type_error(key, "an integer", *v);
+    return v->get<int>();
+  }
+  std::optional<int> opt_integer(const char* key) const {
+    const json* v = find(key, false);
+    if (!v || v->is_null()) return std::nullopt;
+    if (!v->is_number_integer()) type_error(key, "an integer", *v);
+    return v->get<int>();
+  }
+  const json& array(const char* key) const {
+    const json* v = find(key, true);
+    if (!v->is_array()) type_error(key, "an array", *v);
+    return *v;
+  }
+  Reader object(const char* key) const { return Reader(*find(key, true), field(key)); }
+  std::string field(const std::string& key) const {
+    return path_.empty() ? key : fmt::format("{}.{}", path_, key);
+  }
+  std::string where() const { return path_.empty() ? "top level" : path_; }
+
+ private:
+  const json* find(const char* key, bool required) const {
+    auto it = j_.find(key);
+    if (it == j_.end()) {
+      if (required) throw std::runtime_error(fmt::format("{}: missing field", field(key)));
+      return nullptr;
+    }
+    return &*it;
+  }
+  [[noreturn]] void type_error(const char* key, const char* expected, const json& v) const {
+    throw std::runtime_error(
+        fmt::format("{}: expected {}, got {} {}", field(key), expected, v.type_name(), v.dump()));
+  }
+
+  const json& j_;
+  std::string path_;
+};
+
+// JSON text must be valid UTF-8; test output is not always (a rank can print anything).
+std::string dump(const json& j) { return j.dump(2, ' ', false, json::error_handler_t::replace); }
+
+}  // namespace
+
+RunResults results_from_json(const nlohmann::json& j) {
+  Reader top(j, "");
+  RunResults r;
+  r.schema_version = top.integer("schema_version");
+  if (r.schema_version != kSchemaVersion)
+    throw std::runtime_error(fmt::format(
+        "schema_version: {} is not supported (this tdc reads schema_version {}; see "
+        "docs/results-schema.md)",
+        r.schema_version, kSchemaVersion));
+
+  Reader ri = top.object("run_info");
+  RunInfo& i = r.run_info;
+  i.implementation = ri.str("implementation");
+  i.implementation_version = ri.str("implementation_version", false);
+  i.backend = ri.str("backend");
+  i.device = ri.str("device");
+  i.world_size = ri.integer("world_size");
+  i.launcher = ri.str("launcher");
+  i.suite_revision = ri.str("suite_revision", false);
+  i.tdc_version = ri.str("tdc_version", false);
+  i.libtorch_version = ri.str("libtorch_version", false);
+  i.host = ri.str("host", false);
+  i.started_at = ri.str("started_at", false);
+  i.duration_s = ri.num("duration_s", false);
+
+  const json& tests = top.array("tests");
+  r.tests.reserve(tests.size());
+  for (size_t k = 0; k < tests.size(); ++k) {
+    Reader rt(tests[k], fmt::format("tests[{}]", k));
+    TestResult t;
+    t.id = rt.str("id");
+    t.suite = rt.str("suite");
+    t.name = rt.str("name");
+    std::string status = rt.str("status");
+    try {
+      t.status = status_from_string(status);
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(fmt::format("{} (test '{}'): {}", rt.field("status"), t.id, e.what()));
+    }
+    t.duration_s = rt.num("duration_s");
+    t.message = rt.str("message", false);
+    t.world_size = rt.integer("world_size", false);
+    t.launcher = rt.str("launcher", false);
+    t.expectation = rt.str("expectation", false);
+    if (tests[k].contains("ranks")) {
+      const json& ranks = rt.array("ranks");
+      for (size_t n = 0; n < ranks.size(); ++n) {
+        Reader rd(ranks[n], fmt::format("{}[{}]", rt.field("ranks"), n));
+        RankDetail d;
+        d.rank = rd.integer("rank");
+        d.status = rd.str("status");
+        d.message = rd.str("message", false);
+        d.duration_s = rd.num("duration_s", false);
+        d.exit_code = rd.opt_integer("exit_code");
+        d.signal = rd.opt_integer("signal");
+        t.ranks.push_back(std::move(d));
+      }
+    }
+    r.tests.push_back(std::move(t));
+  }
+  return r;
+}
+
+RunResults read_results(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in)
+    throw std::runtime_error(
+        fmt::format("results file '{}': cannot open: {}", p.string(), std::strerror(errno)));
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw std::runtime_error(
+        fmt::format("results file '{}': not valid JSON: {}", p.string(), e.what()));
+  }
+  try {
+    return results_from_json(j);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("results file '{}': {}", p.string(), e.what()));
+  }
+}
+
+// ------------------------------------------------------------------ atomic file write
+
+namespace {
+
+// Writes `text` to a temp file next to p, fsyncs it and renames it over p: readers see the old
+// file or the new one, never a torn one. Creates p's directory.
+void write_file_atomic(const fs::path& p, const std::string& text) {
+  std::error_code ec;
+  fs::path dir = p.parent_path();
+  if (!dir.empty()) {
+    fs::create_directories(dir, ec);
+    if (ec)
+      throw std::runtime_error(fmt::format("cannot create directory '{}' for '{}': {}",
+                                           dir.string(), p.filename().string(), ec.message()));
+  }
+  std::random_device rd;
+  fs::path tmp = p;
+  tmp += fmt::format(".tmp.{}.{:08x}", ::getpid(), rd());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw std::runtime_error(
+        fmt::format("cannot create '{}': {}", tmp.string(), std::strerror(errno)));
+  auto fail = [&](const char* what) {
+    int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw std::runtime_error(fmt::format("{} '{}': {}", what, tmp.string(), std::strerror(err)));
+  };
+  size_t off = 0;
+  while (off < text.size()) {
+    ssize_t n = ::write(fd, text.data() + off, text.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail("cannot write");
+    }
+    off += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) fail("cannot fsync");
+  if (::close(fd) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    throw std::runtime_error(
+        fmt::format("cannot close '{}': {}", tmp.string(), std::strerror(err)));
+  }
+  if (::rename(tmp.c_str(), p.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    throw std::runtime_error(fmt::format("cannot rename '{}' to '{}': {}", tmp.string(),
+                                         p.string(), std::strerror(err)));
+  }
+}
+
+}  // namespace
+
+void write_results_json(const RunResults& r, const fs::path& p) {
+  write_file_atomic(p, dump(to_json(r)) + "\n");
+}
+
+// ------------------------------------------------------------------ JUnit XML
+
+namespace {
+
+// Appends s to out as XML character data / attribute text: escapes markup characters, replaces
+// bytes XML 1.0 cannot carry (control characters, invalid UTF-8) with U+FFFD or a visible escape.
+void append_xml_escaped(std::string& out, const std::string& s, bool attribute) {
+  static const char kReplacement[] = "\xEF\xBF\xBD";
+  const auto* b = reinterpret_cast<const unsigned char*>(s.data());
+  size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    unsigned char c = b[i];
+    if (c < 0x80) {
+      switch (c) {
+        case '&': out += "&amp;"; break;
+        case '<': out += "&lt;"; break;
+        case '>': out += "&gt;"; break;
+        case '"': out += "&quot;"; break;
+        case '\'': out += "&apos;"; break;
+        // In attributes, whitespace must be escaped or a parser normalises it to spaces.
+        case '\n': out += attribute ? "&#10;" : "\n"; break;
+        case '\t': out += attribute ? "&#9;" : "\t"; break;
+        case '\r': out += "&#13;"; break;
+        default:
+          if (c < 0x20 || c == 0x7f)
+            out += fmt::format("\\x{:02x}", c);  // not representable in XML 1.0
+          else
+            out += static_cast<char>(c);
+      }
+      ++i;
+      continue;
+    }
+    // Multi-byte UTF-8: validate length, continuation bytes, overlongs and surrogates.
+    size_t len = (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool valid = len != 0 && i + len <= n;
+    uint32_t cp = len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
+    for (size_t k = 1; valid && k < len; ++k) {
+      if ((b[i + k] & 0xC0) != 0x80) valid = false;
+      cp = (cp << 6) | (b[i + k] & 0x3F);
+    }
+    if (valid) {
+      static const uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+      valid = cp >= kMin[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF) &&
+              cp != 0xFFFE && cp != 0xFFFF;
+    }
+    if (valid) {
+      out.append(s, i, len);
+      i += len;
+    } else {
+      out += kReplacement;
+      ++i;
+    }
+  }
+}
+
+// Attribute value (default) or element text.
+std::string xml(const std::string& s, bool attribute = true) {
+  std::string out;
+  out.reserve(s.size() + 16);
+  append_xml_escaped(out, s, attribute);
+  return out;
+}
+
+std::string seconds(double s) { return fmt::format("{:.3f}", s); }
+
+// First line of a message, for the "message" attribute (the full text goes in the element).
+std::string first_line(const std::string& s) {
+  size_t nl = s.find('\n');
+  std::string line = nl == std::string::npos ? s : s.substr(0, nl);
+  if (line.size() > 500) line = line.substr(0, 500) + "...";
+  return line;
+}
+
+void append_testcase(std::string& out, const TestResult& t) {
+  out += fmt::format("    <testcase name=\"{}\" classname=\"{}\" time=\"{}\" status=\"{}\"",
+                     xml(t.name), xml(t.suite), seconds(t.duration_s), to_string(t.status));
+  std::string body;
+  std::string message = t.message;
+  if (!t.expectation.empty()) message += (message.empty() ? "" : "\n") + ("expectation: " + t.expectation);
+  switch (t.status) {
+    case Status::Pass:
+      break;
+    case Status::Fail:
+    case Status::XPass:
+      body = fmt::format("      <failure message=\"{}\" type=\"{}\">{}</failure>\n",
+                         xml(first_line(message)), to_string(t.status), xml(message, false));
+      break;
+    case Status::Timeout:
+    case Status::Crash:
+      body = fmt::format("      <error message=\"{}\" type=\"{}\">{}</error>\n",
+                         xml(first_line(message)), to_string(t.status), xml(message, false));
+      break;
+    case Status::Skip:
+    case Status::NotSupported:
+    case Status::XFail:
+      body = fmt::format("      <skipped message=\"{}: {}\"/>\n", to_string(t.status),
+                         xml(first_line(message)));
+      break;
+  }
+  if (body.empty()) {
+    out += "/>\n";
+  } else {
+    out += ">\n" + body + "    </testcase>\n";
+  }
+}
+
+struct Tally {
+  int tests = 0, failures = 0, errors = 0, skipped = 0;
+  double time = 0;
+  void add(const TestResult& t) {
+    ++tests;
+    time += t.duration_s;
+    switch (t.status) {
+      case Status::Fail: case Status::XPass: ++failures; break;
+      case Status::Timeout: case Status::Crash: ++errors; break;
+      case Status::Skip: case Status::NotSupported: case Status::XFail: ++skipped; break;
+      case Status::Pass: break;
+    }
+  }
+  std::string attrs() const {
+    return fmt::format("tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"{}\" time=\"{}\"",
+                       tests, failures, errors, skipped, seconds(time));
+  }
+};
+
+}  // namespace
+
+void write_junit_xml(const RunResults& r, const fs::path& p) {
+  // Group by suite, keeping the order in which suites first appear.
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<const TestResult*>> by_suite;
+  for (const TestResult& t : r.tests) {
+    auto [it, inserted] = by_suite.try_emplace(t.suite);
+    if (inserted) order.push_back(t.suite);
+    it->second.push_back(&t);
+  }
+  Tally all;
+  for (const TestResult& t : r.tests) all.add(t);
+
+  const RunInfo& i = r.run_info;
+  std::string props;
+  for (const auto& [k, v] : std::initializer_list<std::pair<const char*, std::string>>{
+           {"implementation", i.implementation},
+           {"implementation_version", i.implementation_version},
+           {"backend", i.backend},
+           {"device", i.device},
+           {"world_size", std::to_string(i.world_size)},
+           {"launcher", i.launcher},
+           {"suite_revision", i.suite_revision},
+           {"tdc_version", i.tdc_version},
+           {"libtorch_version", i.libtorch_version}}) {
+    props += fmt::format("      <property name=\"{}\" value=\"{}\"/>\n", k, xml(v));
+  }
+
+  std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  out += fmt::format("<testsuites name=\"tdc\" {} timestamp=\"{}\">\n", all.attrs(),
+                     xml(i.started_at));
+  for (const std::string& suite : order) {
+    Tally s;
+    for (const TestResult* t : by_suite[suite]) s.add(*t);
+    out += fmt::format("  <testsuite name=\"{}\" {} timestamp=\"{}\" hostname=\"{}\">\n",
+                       xml(suite), s.attrs(), xml(i.started_at), xml(i.host));
+    out += "    <properties>\n" + props + "    </properties>\n";
+    for (const TestResult* t : by_suite[suite]) append_testcase(out, *t);
+    out += "  </testsuite>\n";
+  }
+  out += "</testsuites>\n";
+  write_file_atomic(p, out);
+}
+
+// ------------------------------------------------------------------ expectations
+
+Expectations read_expectations(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in)
+    throw std::runtime_error(
+        fmt::format("expectations file '{}': cannot open: {}", p.string(), std::strerror(errno)));
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw std::runtime_error(
+        fmt::format("expectations file '{}': not valid JSON: {}", p.string(), e.what()));
+  }
+  try {
+    Reader top(j, "");
+    top.object("tests");  // validates that "tests" is an object
+    Expectations e;
+    for (const auto& [id, value] : j.at("tests").items()) {
+      Reader rt(value, fmt::format("tests[\"{}\"]", id));
+      std::string status = rt.str("status");
+      Expectation x;
+      try {
+        x.status = status_from_string(status);
+      } catch (const std::invalid_argument& err) {
+        throw std::runtime_error(fmt::format("{}: {}", rt.field("status"), err.what()));
+      }
+      x.reason = rt.str("reason", false);
+      e.emplace(id, std::move(x));
+    }
+    return e;
+  } catch (const std::exception& err) {
+    throw std::runtime_error(fmt::format("expectations file '{}': {}", p.string(), err.what()));
+  }
+}
+
+void apply_expectations(TestResult& t, const Expectations& e) {
+  // Exact id first; otherwise the first glob key ("Suite.*") that matches.
+  const Expectation* x = nullptr;
+  if (auto it = e.find(t.id); it != e.end()) {
+    x = &it->second;
+  } else {
+    for (const auto& [pattern, value] : e) {
+      if (pattern.find_first_of("*?[") != std::string::npos &&
+          ::fnmatch(pattern.c_str(), t.id.c_str(), 0) == 0) {
+        x = &value;
+        break;
+      }
+    }
+  }
+  if (!x) return;
+  std::string reason = x->reason.empty() ? "(no reason given)" : x->reason;
+  t.expectation = fmt::format("expected {}: {}", to_string(x->status), reason);
+  // Only an expected failure changes the status; other expectations are recorded, not applied.
+  if (!is_failure(x->status) || x->status == Status::XPass) return;
+  if (is_failure(t.status) && t.status != Status::XPass) {
+    std::string was = fmt::format("[{}] {}", to_string(t.status), t.message);
+    t.status = Status::XFail;
+    t.message = was;
+  } else if (t.status == Status::Pass) {
+    t.status = Status::XPass;
+    t.message = fmt::format("passed, but expected {}: {}", to_string(x->status), reason);
+  }
+}
+
+// ------------------------------------------------------------------ host facts
+
+std::string iso_now() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string hostname() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown";
+  return buf;
+}
+
+}  // namespace tdc::harness

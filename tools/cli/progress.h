@@ -1,0 +1,43 @@
+// Live progress of `tdc run` on stderr. On a terminal: one line redrawn with \r (done/total,
+// elapsed, pass/fail/skip, current test), with failures printed above it as they happen.
+// Otherwise (CI logs): one line per finished test, plus a heartbeat while a test runs long.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "tdc/harness/results.h"
+
+namespace tdc::cli {
+
+class Progress {
+ public:
+  explicit Progress(int total);
+  void binary_started(const std::string& binary);
+  void test_started(const std::string& id);
+  void test_ended(const std::string& id, harness::Status status, double duration_s,
+                  const std::string& message);
+  // A line for the log / terminal, printed above the progress line.
+  void note(const std::string& line);
+  void tick();    // call a few times a second: redraws the elapsed time / heartbeat
+  void finish();  // clears the progress line
+
+  int done() const { return done_; }
+  double elapsed_s() const;
+
+ private:
+  void redraw();
+  void clear_line();
+  std::string counters() const;
+
+  using Clock = std::chrono::steady_clock;
+  bool tty_;
+  int width_ = 100;
+  int total_;
+  int done_ = 0, pass_ = 0, fail_ = 0, skip_ = 0;
+  std::string binary_, current_;
+  Clock::time_point start_ = Clock::now(), test_start_ = Clock::now(), last_heartbeat_ = Clock::now();
+  bool line_shown_ = false;
+};
+
+}  // namespace tdc::cli
