@@ -48,6 +48,8 @@ std::string& subtest_label();
 // In a rank process: SIGUSR2 makes every thread write its stack to `path`, and fatal signals print
 // a backtrace to stderr before the process dies with the same signal.
 void install_rank_signal_handlers(const std::string& stacks_path, int rank_hint);
+// The rank a fatal-signal backtrace names for the calling thread (thread launcher).
+void set_signal_rank(int rank);
 // In the parent: ask `pid` for its stacks (signal or gdb per settings().stacks), at most
 // `budget_s` seconds. Returns readable, demangled text.
 std::string capture_stacks(pid_t pid, const std::string& stacks_path, double budget_s);

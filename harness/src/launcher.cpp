@@ -132,14 +132,30 @@ Outcome launch_local(const LaunchSpec& spec, const std::function<void()>& body) 
         std::vector<RankContext> contexts;
         for (int r = 0; r < spec.world_size; ++r)
           contexts.push_back(make_context(spec, r, r, store, temp_dir));
-        std::vector<std::thread> threads;
+        // [Note: parked rank threads] The host process is thrown away after the test, so a
+        // finished rank thread parks instead of exiting: its thread_local state (process
+        // groups, whose Gloo teardown costs 20-40 ms) is never destroyed, exactly as a forked
+        // rank's is not. The host _exit()s once every rank is done.
+        std::mutex mu;
+        std::condition_variable cv;
+        int finished = 0;
         for (int r = 0; r < spec.world_size; ++r) {
-          threads.emplace_back([&, r] {
+          std::thread([&, r] {
             pthread_setname_np(pthread_self(), fmt::format("tdc-rank{}", r).c_str());
+            set_signal_rank(r);
             run_rank(contexts[r], body, sink, 0);
-          });
+            {
+              std::lock_guard<std::mutex> lock(mu);
+              ++finished;
+            }
+            cv.notify_all();
+            for (;;) pause();
+          }).detach();
         }
-        for (auto& t : threads) t.join();
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] { return finished == spec.world_size; });
+        }
         std::fflush(stdout);
         std::fflush(stderr);
         _exit(0);

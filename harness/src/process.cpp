@@ -293,6 +293,20 @@ std::string tail_lines(const std::string& s, size_t max_lines, size_t max_bytes)
 }
 }  // namespace
 
+// Why a process ended early; `rank` < 0: the whole process (all the ranks it hosted).
+std::string Supervisor::crash_reason(const ChildProc& c, int rank) const {
+  std::string who = rank >= 0 || c.ranks.size() == 1
+                        ? fmt::format("[rank {}] process", rank >= 0 ? rank : c.ranks[0])
+                        : fmt::format("[ranks {}] process (thread launcher: one process hosts every rank; "
+                                      "its output names the rank that failed)",
+                                      fmt::join(c.ranks, ", "));
+  if (WIFSIGNALED(c.wait_status))
+    return fmt::format("{} died from {}", who, signal_name(WTERMSIG(c.wait_status)));
+  if (WIFEXITED(c.wait_status))
+    return fmt::format("{} exited with code {} before its test body finished", who, WEXITSTATUS(c.wait_status));
+  return fmt::format("{} ended abnormally (wait status {})", who, c.wait_status);
+}
+
 Outcome Supervisor::make_outcome(bool timed_out, const std::string& stacks, double elapsed) {
   Outcome o;
   o.duration_s = elapsed;
@@ -338,24 +352,18 @@ Outcome Supervisor::make_outcome(bool timed_out, const std::string& stacks, doub
     } else if (rs.done) {
       ran_ranks.push_back(r);
     }
-    if (d.status == "crash" && c) {
-      std::string why;
-      if (WIFSIGNALED(c->wait_status))
-        why = fmt::format("[rank {}] process died from {}", r, signal_name(WTERMSIG(c->wait_status)));
-      else if (WIFEXITED(c->wait_status))
-        why = fmt::format("[rank {}] process exited with code {} before its test body finished", r,
-                          WEXITSTATUS(c->wait_status));
-      else
-        why = fmt::format("[rank {}] process ended abnormally (wait status {})", r, c->wait_status);
-      // One tail per process (thread ranks share a process).
-      if (c->ranks.front() == r) {
-        std::string tail = demangle_text(tail_lines(c->output, 40, 8192));
-        why += "\n  last output:\n" + (tail.empty() ? std::string("  (none)") : tail);
-      }
-      d.message = why;
-      crash_msgs.push_back(why);
-    }
+    if (d.status == "crash" && c) d.message = crash_reason(*c, r);
     o.ranks.push_back(std::move(d));
+  }
+
+  for (auto& c : children_) {
+    bool any_crashed = false;
+    for (int r : c.ranks) any_crashed |= o.ranks[r].status == "crash";
+    if (!any_crashed) continue;
+    std::string why = crash_reason(c, -1);
+    std::string tail = demangle_text(tail_lines(c.output, 40, 8192));
+    why += "\n  last output:\n" + (tail.empty() ? std::string("  (none)") : tail);
+    crash_msgs.push_back(why);
   }
 
   if (timed_out) {

@@ -49,6 +49,7 @@ class Supervisor {
   void kill_all();
   Outcome make_outcome(bool timed_out, const std::string& stacks, double elapsed);
   bool child_crashed(const ChildProc& c) const;
+  std::string crash_reason(const ChildProc& c, int rank) const;
 
   LaunchSpec spec_;
   std::string temp_dir_;

@@ -27,6 +27,7 @@ namespace tdc::harness::detail {
 namespace {
 char g_stacks_path[4096];
 int g_rank_hint = -1;
+thread_local int t_signal_rank = -1;
 std::atomic<int> g_dump_initiator{0};
 std::atomic<int> g_dump_pending{0};
 std::atomic_flag g_write_lock = ATOMIC_FLAG_INIT;
@@ -146,7 +147,7 @@ void on_dump_signal(int, siginfo_t* info, void*) {
 
 void on_fatal_signal(int sig) {
   write_str(2, "\ntdc: rank ");
-  write_int(2, g_rank_hint);
+  write_int(2, t_signal_rank >= 0 ? t_signal_rank : g_rank_hint);
   write_str(2, " received fatal signal ");
   write_int(2, sig);
   write_str(2, " (");
@@ -160,6 +161,8 @@ void on_fatal_signal(int sig) {
 }
 
 }  // namespace
+
+void set_signal_rank(int rank) { t_signal_rank = rank; }
 
 std::string signal_name(int sig) {
   const char* abbrev = sigabbrev_np(sig);

@@ -321,7 +321,7 @@ TEST(HarnessMustFail, ThreadLauncherHang) {
   expect_status("ThreadHangOnOneRank", Status::Timeout, {"ranks still running: [0, 1, 2, 3]", "(tdc-rank2)", "tdc_mustfail::sleep_forever()"}, 3 + 5);
 }
 TEST(HarnessMustFail, ThreadLauncherCrash) {
-  expect_status("ThreadCrashOnOneRank", Status::Crash, {"SIGABRT"}, 5);
+  expect_status("ThreadCrashOnOneRank", Status::Crash, {"SIGABRT", "tdc: rank 1 received fatal signal"}, 5);
 }
 TEST(HarnessMustFail, SpawnLauncherCrash) {
   expect_status("SpawnCrashOnOneRank", Status::Crash, {"[rank 1]", "SIGSEGV"}, 5);
