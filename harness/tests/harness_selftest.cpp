@@ -69,7 +69,9 @@ void check_context(int expected_world, Launcher expected_launcher) {
   set_str(*c.store, "gen/" + std::to_string(c.rank), gbytes);
   barrier();
   for (int r = 0; r < c.world_size; ++r)
-    if (r != c.rank) EXPECT_NE(get_str(*c.store, "gen/" + std::to_string(r)), gbytes);
+    if (r != c.rank) {
+      EXPECT_NE(get_str(*c.store, "gen/" + std::to_string(r)), gbytes);
+    }
   barrier();
 }
 

@@ -43,7 +43,9 @@ TDC_DIST_TEST(MustFail, ExceptionOnOneRank) {
 
 TDC_DIST_TEST(MustFail, AssertInSubtest) {
   tdc::harness::subtests({{"x", {1, 2}}}, [](const tdc::harness::Params& p) {
-    if (ctx().rank == 1) EXPECT_EQ(p.get<int>("x"), 1) << "x must be 1";
+    if (ctx().rank == 1) {
+      EXPECT_EQ(p.get<int>("x"), 1) << "x must be 1";
+    }
   });
 }
 
