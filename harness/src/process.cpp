@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <future>
 #include <sstream>
 
 namespace tdc::harness::detail {
@@ -249,13 +250,18 @@ Outcome Supervisor::run() {
 
   std::string stacks;
   if (timed_out) {
+    // Every live process at once: signal stacks take milliseconds each, gdb seconds each.
+    std::vector<std::future<std::string>> pending;
     for (auto& c : children_) {
       if (c.exited) continue;
       std::string label = c.ranks.size() == 1 ? fmt::format("rank {}", c.ranks[0])
                                               : fmt::format("ranks {} (threads)", fmt::join(c.ranks, ","));
-      stacks += fmt::format("==== stacks of {} (pid {}) ====\n{}", label, c.pid,
-                            capture_stacks(c.pid, c.stacks_path, 3.0 / children_.size() + 0.5));
+      pending.push_back(std::async(std::launch::async, [label, pid = c.pid, path = c.stacks_path] {
+        return fmt::format("==== stacks of {} (pid {}) ====\n{}", label, pid,
+                           capture_stacks(pid, path, settings().stacks == "signal" ? 2.0 : 20.0));
+      }));
     }
+    for (auto& f : pending) stacks += f.get();
   }
   for (auto& c : children_) {
     if (!c.exited) {

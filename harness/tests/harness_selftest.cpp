@@ -337,6 +337,15 @@ TEST(HarnessMustFail, DeadlineComesFromTheFlagWhenTheTestSetsNone) {
   expect_status_in("MustFailDefaults.HangWithRunDeadline", Status::Timeout, {"deadline 2.0 s", "sleep_forever"}, 2 + 5, o);
 }
 
+TEST(HarnessMustFail, GdbStacksOnRequest) {
+  // gdb attaches to each live rank (in parallel); slower than signal stacks, so its promise is
+  // deadline + 20 s rather than + 5 s.
+  ChildOptions o;
+  o.args = {"--tdc_timeout=2", "--tdc_stacks=both"};
+  expect_status_in("MustFailDefaults.HangWithRunDeadline", Status::Timeout,
+                   {"Thread 1 (", "tdc_mustfail::sleep_forever", "--- end of stacks"}, 2 + 20, o);
+}
+
 TEST(HarnessMustFail, SeveralTestsInOneRun) {
   ChildRun r = run_child("MustFail.EnvFailOnRank1:MustFail.PassesButExpectedToFail");
   ASSERT_EQ(r.results.tests.size(), 2u) << r.output;
