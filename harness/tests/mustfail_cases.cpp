@@ -118,3 +118,6 @@ TDC_DIST_TEST(MustFailDefaults, HangWithRunDeadline, .world_size = 2) {
   if (ctx().rank == 1) tdc_mustfail::sleep_forever();
   barrier();
 }
+
+// One rank, no deadline of its own (gdb stacks test).
+TDC_DIST_TEST(MustFailDefaults, HangAloneWithRunDeadline, .world_size = 1) { tdc_mustfail::sleep_forever(); }
