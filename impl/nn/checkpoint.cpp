@@ -67,7 +67,10 @@ using torch::autograd::variable_list;
 // The module must outlive the backward pass (it is recomputed there).
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   // inputs: the module's inputs; params: see [Note: parameters as inputs].
-  static variable_list forward(AutogradContext* ctx, Module* module, variable_list inputs, variable_list params) {
+  // (TensorList, not std::vector: only TensorList arguments become autograd inputs.)
+  static variable_list forward(AutogradContext* ctx, Module* module, at::TensorList inputs_list,
+                               at::TensorList params) {
+    variable_list inputs = inputs_list.vec();
     RngState rng = save_rng(inputs);
     ctx->saved_data["module"] = reinterpret_cast<int64_t>(module);
     ctx->saved_data["num_params"] = static_cast<int64_t>(params.size());
@@ -161,7 +164,7 @@ Tensors checkpointed_call(Module& module, Tensors inputs) {
   for (auto& t : module.params()) {
     if (t.requires_grad()) params.push_back(t);
   }
-  return CheckpointFunction::apply(&module, std::move(inputs), std::move(params));
+  return CheckpointFunction::apply(&module, at::TensorList(inputs), at::TensorList(params));
 }
 
 }  // namespace detail
