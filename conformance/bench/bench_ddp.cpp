@@ -1,0 +1,283 @@
+// DDP benchmark: step time of DistributedDataParallel against single-process training on the same
+// global batch, for two models at world sizes 2 and 4 (fork launcher, 1 ATen thread per rank).
+//
+//   tdc_bench_ddp --out FILE [--repeat N]         (or: ./tdc bench ddp --out FILE)
+//
+// A step is forward + loss (MSE / token cross-entropy) + backward + SGD update. The single-process case
+// runs the whole global batch in one process (a world of 1, no DDP); a DDP case runs world_size
+// ranks, each on global_batch / world_size samples, DDP's bucketed all-reduces overlapping
+// backward. Each case: 2 untimed warm-up steps, then N timed steps; the figure is rank 0's median
+// step (ranks move in lock step: every step ends in the same all-reduces). Ratio = DDP / single:
+// below 1 means DDP's parallelism paid for its communication on this host (on a 2-core machine,
+// world 4 oversubscribes the cores, so its ratio says more about the host than about DDP).
+// Output schema: docs/results-schema.md, "DDP benchmark".
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/version.h>
+
+#include "tdc/comm/collectives.h"
+#include "tdc/conformance/support.h"
+#include "tdc/ddp/ddp.h"
+#include "tdc/harness/launch.h"
+#include "tdc/harness/results.h"
+#include "tdc/fixtures/models.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kWarmup = 2;
+const int kWorldSizes[] = {2, 4};
+
+// The benchmark models: fixtures::MLPStack(256) (MSE on [B, 256]) and fixtures::Transformer
+// (dim 128, 2 blocks, vocab 512, sequence 64, no dropout; token cross-entropy on [B, 64]).
+struct ModelCase {
+  const char* name;
+  int64_t global_batch;
+  tdc::nn::ModulePtr (*make)();
+  tdc::nn::Tensors (*inputs)(int64_t batch, at::Generator& gen);
+  at::Tensor (*target)(int64_t batch, at::Generator& gen);
+};
+
+constexpr int64_t kMlpDim = 256;
+tdc::nn::ModulePtr make_mlp_stack() { return std::make_shared<tdc::fixtures::MLPStack>(kMlpDim); }
+tdc::nn::Tensors mlp_inputs(int64_t b, at::Generator& g) { return {at::randn({b, kMlpDim}, g)}; }
+at::Tensor mlp_target(int64_t b, at::Generator& g) { return at::randn({b, kMlpDim}, g); }
+
+tdc::fixtures::ModelArgs transformer_args() {
+  tdc::fixtures::ModelArgs a;
+  a.n_layers = 2;
+  a.vocab_size = 512;
+  a.max_seq_len = 64;
+  a.dim = 128;
+  a.n_heads = 4;
+  a.dropout_p = 0.0;
+  return a;
+}
+tdc::nn::ModulePtr make_transformer() { return std::make_shared<tdc::fixtures::Transformer>(transformer_args()); }
+tdc::nn::Tensors tf_inputs(int64_t b, at::Generator& g) {
+  auto a = transformer_args();
+  return {at::randint(a.vocab_size, {b, a.max_seq_len}, g)};
+}
+at::Tensor tf_target(int64_t b, at::Generator& g) {
+  auto a = transformer_args();
+  return at::randint(a.vocab_size, {b, a.max_seq_len}, g);
+}
+
+at::Tensor loss_of(const at::Tensor& y, const at::Tensor& target) {
+  if (target.scalar_type() == at::kLong) return at::cross_entropy_loss(y.flatten(0, 1), target.flatten());
+  return at::mse_loss(y, target);
+}
+
+const ModelCase kModels[] = {
+    {"MLPStack", 64, &make_mlp_stack, &mlp_inputs, &mlp_target},
+    {"Transformer", 16, &make_transformer, &tf_inputs, &tf_target},
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  if (v.empty()) return 0;
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// One case on the calling rank; rank 0 writes {"step_ms", "buckets", "params"} to `result`.
+void run_case(const ModelCase& m, bool use_ddp, int repeat, const std::string& result) {
+  auto group = tdc::conformance::world();
+  const int world = group->size(), rank = group->rank();
+  tdc::nn::ModulePtr model = m.make();
+  std::shared_ptr<tdc::ddp::DistributedDataParallel> ddp;
+  tdc::nn::Module* call = model.get();
+  if (use_ddp) {
+    ddp = std::make_shared<tdc::ddp::DistributedDataParallel>(model, group);
+    call = ddp.get();
+  }
+  const int64_t local_batch = m.global_batch / world;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(4321 + rank);
+  tdc::nn::Tensors inputs = m.inputs(local_batch, gen);
+  at::Tensor target = m.target(local_batch, gen);
+  std::vector<at::Tensor> params = model->params();
+  int64_t numel = 0;
+  for (const auto& p : params) numel += p.numel();
+
+  std::vector<double> ms;
+  if (world > 1) tdc::comm::barrier(group);
+  for (int i = 0; i < kWarmup + repeat; ++i) {
+    auto t0 = Clock::now();
+    at::Tensor loss = loss_of((*call)(inputs).at(0), target);
+    loss.backward();
+    {
+      at::NoGradGuard no_grad;
+      for (auto& p : params) {
+        p.add_(p.grad(), -1e-3);
+        p.mutable_grad().reset();
+      }
+    }
+    double t = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    if (i >= kWarmup) ms.push_back(t);
+  }
+  if (rank != 0) return;
+  json r = {{"step_ms", median(ms)},
+            {"buckets", ddp ? ddp->last_backward().buckets : 0},
+            {"params", numel}};
+  std::ofstream(result) << r.dump() << "\n";
+}
+
+[[noreturn]] void usage_error(const std::string& what) {
+  fmt::print(stderr, "tdc_bench_ddp: error: {}\nusage: tdc_bench_ddp --out FILE [--repeat N]\n", what);
+  std::exit(2);
+}
+
+void write_atomic(const std::string& path, const std::string& text) {
+  std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw std::runtime_error(fmt::format("cannot create '{}': {}", tmp, std::strerror(errno)));
+    out << text;
+    out.flush();
+    if (!out) throw std::runtime_error(fmt::format("cannot write '{}'", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw std::runtime_error(
+        fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno)));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string error;
+  if (!tdc::harness::init(&argc, argv, &error)) usage_error(error);
+  std::string out_path;
+  int repeat = 10;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&](const char* flag) -> std::string {
+      std::string prefix = std::string(flag) + "=";
+      if (a.rfind(prefix, 0) == 0) return a.substr(prefix.size());
+      if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", flag));
+      return argv[++i];
+    };
+    if (a == "--out" || a.rfind("--out=", 0) == 0) {
+      out_path = value("--out");
+    } else if (a == "--repeat" || a.rfind("--repeat=", 0) == 0) {
+      std::string v = value("--repeat");
+      char* end = nullptr;
+      long n = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end || n < 1 || n > 100000)
+        usage_error(fmt::format("--repeat must be a positive integer, got '{}'", v));
+      repeat = static_cast<int>(n);
+    } else if (a == "-h" || a == "--help") {
+      fmt::print("usage: tdc_bench_ddp --out FILE [--repeat N]   (N timed steps per case, default 10)\n");
+      return 0;
+    } else {
+      usage_error(fmt::format("unknown argument '{}'", a));
+    }
+  }
+  if (out_path.empty()) usage_error("--out FILE is required");
+
+  char dir_template[] = "/tmp/tdc-bench-ddp-XXXXXX";
+  if (!::mkdtemp(dir_template)) {
+    fmt::print(stderr, "tdc_bench_ddp: cannot create a temp dir: {}\n", std::strerror(errno));
+    return 1;
+  }
+  const fs::path dir = dir_template;
+  const int total = static_cast<int>(std::size(kModels) * (1 + std::size(kWorldSizes)));
+  int done = 0;
+  auto bench_start = Clock::now();
+  std::string started_at = tdc::harness::iso_now();
+
+  // Runs one case in a fresh world; returns rank 0's result or prints why it failed.
+  auto run = [&](const ModelCase& m, int world, bool use_ddp) -> std::optional<json> {
+    std::string result = (dir / fmt::format("{}-{}.json", m.name, world)).string();
+    tdc::harness::LaunchSpec spec;
+    spec.suite = "DDPBench";
+    spec.name = fmt::format("{}_{}_{}", m.name, use_ddp ? "ddp" : "single", world);
+    spec.world_size = world;
+    spec.launcher = tdc::harness::Launcher::Fork;
+    spec.timeout_s = 120 + 2.0 * repeat;
+    fmt::print(stderr, "[{}/{}] {:<11} {:<6} world {} ... ", done + 1, total, m.name,
+               use_ddp ? "ddp" : "single", world);
+    auto t0 = Clock::now();
+    tdc::harness::Outcome o = tdc::harness::launch(spec, [&] { run_case(m, use_ddp, repeat, result); });
+    ++done;
+    if (o.status != tdc::harness::Status::Pass) {
+      fmt::print(stderr, "{}: {}\n", tdc::harness::to_string(o.status), o.message);
+      return std::nullopt;
+    }
+    std::ifstream in(result);
+    json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.contains("step_ms")) {
+      fmt::print(stderr, "no result written\n");
+      return std::nullopt;
+    }
+    fmt::print(stderr, "{:.2f} ms/step  ({:.1f} s)\n", j["step_ms"].get<double>(),
+               std::chrono::duration<double>(Clock::now() - t0).count());
+    return j;
+  };
+
+  json cases = json::object(), models = json::object();
+  bool ok = true;
+  for (const ModelCase& m : kModels) {
+    auto single = run(m, 1, false);
+    if (!single) { ok = false; break; }
+    double single_ms = (*single)["step_ms"].get<double>();
+    models[m.name] = {{"global_batch", m.global_batch}, {"params", (*single)["params"]},
+                      {"single_step_ms", single_ms}};
+    for (int world : kWorldSizes) {
+      auto d = run(m, world, true);
+      if (!d) { ok = false; break; }
+      double ddp_ms = (*d)["step_ms"].get<double>();
+      cases[m.name][std::to_string(world)] = {{"ddp_step_ms", ddp_ms},
+                                              {"single_step_ms", single_ms},
+                                              {"ratio", single_ms > 0 ? ddp_ms / single_ms : 0.0},
+                                              {"local_batch", m.global_batch / world},
+                                              {"buckets", (*d)["buckets"]}};
+    }
+    if (!ok) break;
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  if (!ok) return 1;
+
+  json out = {
+      {"cases", cases},
+      {"models", models},
+      {"world_sizes", kWorldSizes},
+      {"repeat", repeat},
+      {"warmup", kWarmup},
+      {"launcher", "fork"},
+      {"threads_per_rank", 1},
+      {"bucket_cap_mb", tdc::ddp::DDPOptions{}.bucket_cap_mb},
+      {"host", tdc::harness::hostname()},
+      {"cpus", static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN))},
+      {"libtorch_version",
+       fmt::format("{}.{}.{}", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH)},
+      {"started_at", started_at},
+      {"duration_s", std::chrono::duration<double>(Clock::now() - bench_start).count()},
+  };
+  try {
+    fs::path parent = fs::path(out_path).parent_path();
+    if (!parent.empty()) fs::create_directories(parent);
+    write_atomic(out_path, out.dump(2) + "\n");
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "tdc_bench_ddp: {}\n", e.what());
+    return 1;
+  }
+  fmt::print(stderr, "-> {}\n", out_path);
+  return 0;
+}
