@@ -228,7 +228,8 @@ Commands:
   run      run the conformance suite (or the unit suites) and write results/results.json,
            results/junit.xml and per-binary logs; live progress, summary, exit 1 on failures
   test     the project's own tests (ctest): what CI runs
-  bench    benchmarks: 'tdc bench harness --out FILE' times the harness launchers
+  bench    benchmarks: 'tdc bench harness --out FILE' times the harness launchers,
+           'tdc bench ddp --out FILE' compares DDP and single-process step times
   help     'tdc help COMMAND' shows a command's options
 
 Options:
