@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/version.h>
 
+#include "bench_common.h"
 #include "tdc/comm/collectives.h"
 #include "tdc/conformance/support.h"
 #include "tdc/ddp/ddp.h"
@@ -89,13 +90,6 @@ const ModelCase kModels[] = {
     {"Transformer", 16, &make_transformer, &tf_inputs, &tf_target},
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  if (v.empty()) return 0;
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 // One case on the calling rank; rank 0 writes {"step_ms", "buckets", "params"} to `result`.
 void run_case(const ModelCase& m, bool use_ddp, int repeat, const std::string& result) {
   auto group = tdc::conformance::world();
@@ -132,66 +126,21 @@ void run_case(const ModelCase& m, bool use_ddp, int repeat, const std::string& r
     if (i >= kWarmup) ms.push_back(t);
   }
   if (rank != 0) return;
-  json r = {{"step_ms", median(ms)},
+  json r = {{"step_ms", tdc::bench::median(ms)},
             {"buckets", ddp ? ddp->last_backward().buckets : 0},
             {"params", numel}};
   std::ofstream(result) << r.dump() << "\n";
 }
 
-[[noreturn]] void usage_error(const std::string& what) {
-  fmt::print(stderr, "tdc_bench_ddp: error: {}\nusage: tdc_bench_ddp --out FILE [--repeat N]\n", what);
-  std::exit(2);
-}
-
-void write_atomic(const std::string& path, const std::string& text) {
-  std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::runtime_error(fmt::format("cannot create '{}': {}", tmp, std::strerror(errno)));
-    out << text;
-    out.flush();
-    if (!out) throw std::runtime_error(fmt::format("cannot write '{}'", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw std::runtime_error(
-        fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno)));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string error;
-  if (!tdc::harness::init(&argc, argv, &error)) usage_error(error);
-  std::string out_path;
-  int repeat = 10;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&](const char* flag) -> std::string {
-      std::string prefix = std::string(flag) + "=";
-      if (a.rfind(prefix, 0) == 0) return a.substr(prefix.size());
-      if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", flag));
-      return argv[++i];
-    };
-    if (a == "--out" || a.rfind("--out=", 0) == 0) {
-      out_path = value("--out");
-    } else if (a == "--repeat" || a.rfind("--repeat=", 0) == 0) {
-      std::string v = value("--repeat");
-      char* end = nullptr;
-      long n = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end || n < 1 || n > 100000)
-        usage_error(fmt::format("--repeat must be a positive integer, got '{}'", v));
-      repeat = static_cast<int>(n);
-    } else if (a == "-h" || a == "--help") {
-      fmt::print("usage: tdc_bench_ddp --out FILE [--repeat N]   (N timed steps per case, default 10)\n");
-      return 0;
-    } else {
-      usage_error(fmt::format("unknown argument '{}'", a));
-    }
-  }
-  if (out_path.empty()) usage_error("--out FILE is required");
+  const tdc::bench::Args args = tdc::bench::parse_args(argc, argv, "tdc_bench_ddp", 10, "timed steps per case");
+  const std::string& out_path = args.out;
+  const int repeat = args.repeat;
 
-  char dir_template[] = "/tmp/tdc-bench-ddp-XXXXXX";
-  if (!::mkdtemp(dir_template)) {
+  std::string dir_template = "/tmp/tdc-bench-ddp-" + std::string(6, 'X');  // mkdtemp's pattern
+  if (!::mkdtemp(dir_template.data())) {
     fmt::print(stderr, "tdc_bench_ddp: cannot create a temp dir: {}\n", std::strerror(errno));
     return 1;
   }
@@ -273,7 +222,7 @@ int main(int argc, char** argv) {
   try {
     fs::path parent = fs::path(out_path).parent_path();
     if (!parent.empty()) fs::create_directories(parent);
-    write_atomic(out_path, out.dump(2) + "\n");
+    tdc::bench::write_atomic(out_path, out.dump(2) + "\n");
   } catch (const std::exception& e) {
     fmt::print(stderr, "tdc_bench_ddp: {}\n", e.what());
     return 1;

@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/version.h>
 
+#include "bench_common.h"
 #include "tdc/comm/collectives.h"
 #include "tdc/conformance/support.h"
 #include "tdc/harness/launch.h"
@@ -59,73 +60,12 @@ void all_reduce_body() {
 
 const Case kCases[] = {{"empty", &empty_body}, {"all_reduce", &all_reduce_body}};
 
-double percentile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  if (v.empty()) return 0;
-  // Nearest rank.
-  size_t k = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
-  return v[std::clamp<size_t>(k, 1, v.size()) - 1];
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  if (v.empty()) return 0;
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-[[noreturn]] void usage_error(const std::string& what) {
-  fmt::print(stderr, "tdc_bench_harness: error: {}\nusage: tdc_bench_harness --out FILE [--repeat N]\n", what);
-  std::exit(2);
-}
-
-void write_atomic(const std::string& path, const std::string& text) {
-  std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::runtime_error(fmt::format("cannot create '{}': {}", tmp, std::strerror(errno)));
-    out << text;
-    out.flush();
-    if (!out) throw std::runtime_error(fmt::format("cannot write '{}'", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw std::runtime_error(
-        fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno)));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string error;
-  if (!tdc::harness::init(&argc, argv, &error)) usage_error(error);
-  std::string out_path;
-  int repeat = 20;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&](const char* flag) -> std::string {
-      std::string prefix = std::string(flag) + "=";
-      if (a.rfind(prefix, 0) == 0) return a.substr(prefix.size());
-      if (i + 1 >= argc) usage_error(fmt::format("{} needs a value", flag));
-      return argv[++i];
-    };
-    if (a == "--out" || a.rfind("--out=", 0) == 0) {
-      out_path = value("--out");
-    } else if (a == "--repeat" || a.rfind("--repeat=", 0) == 0) {
-      std::string v = value("--repeat");
-      char* end = nullptr;
-      long n = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end || n < 1 || n > 100000)
-        usage_error(fmt::format("--repeat must be a positive integer, got '{}'", v));
-      repeat = static_cast<int>(n);
-    } else if (a == "-h" || a == "--help") {
-      fmt::print("usage: tdc_bench_harness --out FILE [--repeat N]   (N timed launches per case "
-                 "and launcher, default 20)\n");
-      return 0;
-    } else {
-      usage_error(fmt::format("unknown argument '{}'", a));
-    }
-  }
-  if (out_path.empty()) usage_error("--out FILE is required");
+  const tdc::bench::Args args = tdc::bench::parse_args(argc, argv, "tdc_bench_harness", 20, "timed launches per case and launcher");
+  const std::string& out_path = args.out;
+  const int repeat = args.repeat;
 
   const Launcher launchers[] = {Launcher::Fork, Launcher::Thread};
   const int total = static_cast<int>(std::size(launchers) * std::size(kCases)) * (repeat + 1);
@@ -158,14 +98,14 @@ int main(int argc, char** argv) {
         if (i > 0) ms.push_back(t);
         ++done;
         std::string line = fmt::format("[{}/{}] {:<6} {:<10} #{:<3} {:7.1f} ms  (median so far {:.1f} ms)",
-                                       done, total, lname, c.name, i, t, median(ms));
+                                       done, total, lname, c.name, i, t, tdc::bench::median(ms));
         if (tty)
           fmt::print(stderr, "\r\x1b[K{}", line);
         else if (i == repeat)
           fmt::print(stderr, "{}\n", line);
       }
-      double med = median(ms);
-      cases[lname][c.name] = {{"median_ms", med}, {"p90_ms", percentile(ms, 0.9)},
+      double med = tdc::bench::median(ms);
+      cases[lname][c.name] = {{"median_ms", med}, {"p90_ms", tdc::bench::percentile(ms, 0.9)},
                               {"n", static_cast<int>(ms.size())}};
       if (std::string(c.name) == "all_reduce") all_reduce_median[lname] = med;
     }
@@ -189,7 +129,7 @@ int main(int argc, char** argv) {
   try {
     std::filesystem::path parent = std::filesystem::path(out_path).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent);
-    write_atomic(out_path, out.dump(2) + "\n");
+    tdc::bench::write_atomic(out_path, out.dump(2) + "\n");
   } catch (const std::exception& e) {
     fmt::print(stderr, "tdc_bench_harness: {}\n", e.what());
     return 1;

@@ -150,7 +150,7 @@ struct ChildRun {
 };
 
 std::string fresh_dir(const std::string& what) {
-  std::string t = (std::filesystem::temp_directory_path() / ("tdc-selftest-" + what + "-XXXXXX")).string();
+  std::string t = (std::filesystem::temp_directory_path() / ("tdc-selftest-" + what + "-" + std::string(6, 'X'))).string();
   std::vector<char> b(t.begin(), t.end());
   b.push_back(0);
   if (!mkdtemp(b.data())) throw std::runtime_error("mkdtemp failed");

@@ -24,7 +24,7 @@ const Status kAllStatuses[] = {Status::Pass,  Status::Fail,   Status::Skip,    S
 class ResultsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "tdc-results-test-XXXXXX").string();
+    std::string tmpl = (fs::temp_directory_path() / ("tdc-results-test-" + std::string(6, 'X'))).string();
     ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
     dir_ = tmpl;
   }

@@ -1,0 +1,99 @@
+// What the benchmark programs share: order statistics, an atomic result write, and the
+// command line (--out FILE [--repeat N]). Header-only; each benchmark is one small program.
+#pragma once
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "tdc/harness/launch.h"
+
+namespace tdc::bench {
+
+// Nearest-rank percentile (q in (0, 1]).
+inline double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t k = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
+  return v[std::clamp<size_t>(k, 1, v.size()) - 1];
+}
+
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// Temp name, then rename: a reader never sees half a file.
+inline void write_atomic(const std::string& path, const std::string& text) {
+  std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw std::runtime_error(fmt::format("cannot create '{}': {}", tmp, std::strerror(errno)));
+    out << text;
+    out.flush();
+    if (!out) throw std::runtime_error(fmt::format("cannot write '{}'", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw std::runtime_error(fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno)));
+}
+
+struct Args {
+  std::string out;
+  int repeat = 0;
+};
+
+// Initialises the harness (its --tdc_* flags) and parses --out FILE [--repeat N]. Exits 2 with
+// the program's usage on a bad argument, 0 after --help.
+inline Args parse_args(int argc, char** argv, const std::string& program, int default_repeat,
+                       const std::string& repeat_meaning) {
+  const std::string usage = fmt::format("usage: {} --out FILE [--repeat N]   (N {}, default {})",
+                                        program, repeat_meaning, default_repeat);
+  auto fail = [&](const std::string& what) {
+    fmt::print(stderr, "{}: error: {}\n{}\n", program, what, usage);
+    std::exit(2);
+  };
+  std::string error;
+  if (!tdc::harness::init(&argc, argv, &error)) fail(error);
+  Args a;
+  a.repeat = default_repeat;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&](const char* flag) -> std::string {
+      std::string prefix = std::string(flag) + "=";
+      if (arg.rfind(prefix, 0) == 0) return arg.substr(prefix.size());
+      if (i + 1 >= argc) fail(fmt::format("{} needs a value", flag));
+      return argv[++i];
+    };
+    if (arg == "--out" || arg.rfind("--out=", 0) == 0) {
+      a.out = value("--out");
+    } else if (arg == "--repeat" || arg.rfind("--repeat=", 0) == 0) {
+      std::string v = value("--repeat");
+      char* end = nullptr;
+      long n = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end || n < 1 || n > 100000)
+        fail(fmt::format("--repeat must be a positive integer, got '{}'", v));
+      a.repeat = static_cast<int>(n);
+    } else if (arg == "-h" || arg == "--help") {
+      fmt::print("{}\n", usage);
+      std::exit(0);
+    } else {
+      fail(fmt::format("unknown argument '{}'", arg));
+    }
+  }
+  if (a.out.empty()) fail("--out FILE is required");
+  return a;
+}
+
+}  // namespace tdc::bench
