@@ -1,0 +1,40 @@
+// Internal to impl/tensor: where each rank's shard lies, and the redistribute engine. Not a
+// public header: DTensor's users see placement.h and dtensor.h only.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "tdc/tensor/dtensor.h"
+
+namespace tdc::tensor::detail {
+
+// Checks `placements` against the mesh (one per mesh dim) and a tensor of rank `ndim`;
+// returns them with negative Shard dims normalised. `who` prefixes the error messages.
+Placements normalize_placements(const Placements& placements, const DeviceMesh& mesh, int64_t ndim,
+                                const char* who);
+
+// The global indices, along the placement's dim, of member `m` of `n` when a piece of
+// `parent_size` elements is split by `p` (a Shard or a StridedShard).
+std::vector<int64_t> member_indices(const Placement& p, int64_t parent_size, int64_t n, int64_t m);
+int64_t member_size(const Placement& p, int64_t parent_size, int64_t n, int64_t m);
+
+// Local shape / offset of the rank at mesh coordinate `coord`; with `upto` only mesh dims
+// [0, upto) are applied.
+std::vector<int64_t> local_shape_at(const DTensorSpec& spec, const std::vector<int64_t>& coord,
+                                    int64_t upto = -1);
+std::vector<int64_t> local_offset_at(const DTensorSpec& spec, const std::vector<int64_t>& coord);
+
+// The placements a gradient has when the forward value had `placements`: Shard stays Shard,
+// Replicate stays Replicate, Partial becomes Replicate (every partial's gradient is the full one).
+Placements grad_placements(const Placements& placements);
+
+// Not differentiable: the local tensor of `from` re-laid out as `to` (same mesh, same shape).
+at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& from, const Placements& to);
+// Differentiable: backward redistributes the gradient from grad_placements(to) to
+// grad_placements(from.placements).
+at::Tensor redistribute_autograd(const at::Tensor& local, const DTensorSpec& from, const Placements& to);
+
+}  // namespace tdc::tensor::detail
