@@ -196,8 +196,11 @@ Tensors TransformerEncoder::forward(const Tensors& inputs) {
   at::Tensor mask = opt(inputs, 1);
   Module& layers = child("layers");
   for (const auto& [name, layer] : layers.named_children_tdc()) {
-    Tensors in{x};
-    if (mask.defined()) in.push_back(mask);
+    // Built by size rather than push_back after an initializer list: GCC 12 reports a false
+    // -Warray-bounds for the latter.
+    Tensors in(mask.defined() ? 2 : 1);
+    in[0] = x;
+    if (mask.defined()) in[1] = mask;
     x = (*layer)(std::move(in))[0];
   }
   if (named_children().contains("norm")) x = child("norm")(x);
@@ -217,9 +220,8 @@ Tensors TransformerDecoder::forward(const Tensors& inputs) {
   at::Tensor x = inputs[0];
   Module& layers = child("layers");
   for (const auto& [name, layer] : layers.named_children_tdc()) {
-    Tensors in{x, inputs[1]};
-    if (inputs.size() > 2) in.push_back(inputs[2]);
-    if (inputs.size() > 3) in.push_back(inputs[3]);
+    Tensors in(inputs.begin(), inputs.end());  // {tgt, memory[, masks]} with tgt replaced
+    in[0] = x;
     x = (*layer)(std::move(in))[0];
   }
   if (named_children().contains("norm")) x = child("norm")(x);
