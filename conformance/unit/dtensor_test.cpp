@@ -7,6 +7,8 @@
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 
+#include <map>
+
 #include "tdc/comm/collectives.h"
 #include "tdc/conformance/support.h"
 #include "tdc/device_mesh.h"
@@ -57,7 +59,8 @@ at::Tensor expected_local(const at::Tensor& global, const tdc::DeviceMesh& mesh,
     } else if (const auto* s = std::get_if<StridedShard>(&ps[i])) {
       std::vector<at::Tensor> parts;
       for (int64_t j = 0; j < s->split_factor; ++j) {
-        parts.push_back(chunk_or_empty(t, n * s->split_factor, s->dim, m + j * n));
+        // PyTorch's _StridedShard: chunk split_factor ways, then each chunk n ways.
+        parts.push_back(chunk_or_empty(chunk_or_empty(t, s->split_factor, s->dim, j), n, s->dim, m));
       }
       t = at::cat(parts, s->dim);
     }
@@ -207,6 +210,15 @@ TDC_DIST_TEST(DTensorTest, StridedShard) {
     // 1-D: StridedShard alone on each mesh dim.
     check_transition(global, mesh, {StridedShard{0, 2}, Replicate{}}, {Replicate{}, Replicate{}});
     check_transition(global, mesh, {Replicate{}, Replicate{}}, {Replicate{}, StridedShard{0, 3}});
+    // PyTorch 2.13's _StridedShard(0, split_factor=2)._split_tensor over 2 (checked in Python):
+    // 7 -> [0, 1, 4, 5] | [2, 3, 6]; 3 -> [0, 2] | [1]; 2 -> [0, 1] | [].
+    const int64_t rows = global.size(0), m = mesh.get_local_rank(0);
+    const std::map<int64_t, std::vector<std::vector<int64_t>>> torch_rows = {
+        {7, {{0, 1, 4, 5}, {2, 3, 6}}}, {3, {{0, 2}, {1}}}, {8, {{0, 1, 4, 5}, {2, 3, 6, 7}}}};
+    DTensor s = make_dtensor(global, mesh, {StridedShard{0, 2}, Replicate{}});
+    expect_close(s.to_local(), global.index_select(0, at::tensor(torch_rows.at(rows)[m], at::kLong)));
+    DTensor two = make_dtensor(global_tensor({2, 3}), mesh, {StridedShard{0, 2}, Replicate{}});
+    EXPECT_EQ(two.to_local().size(0), m == 0 ? 2 : 0);
   });
 }
 

@@ -43,14 +43,25 @@ Placements normalize_placements(const Placements& placements, const DeviceMesh& 
   return out;
 }
 
+// StridedShard (PyTorch 2.13's _StridedShard): the piece is chunked `split_factor` ways (the
+// inner split, e.g. TP), and each of those chunks `n` ways; member m holds chunk m of each.
+static std::vector<ChunkRange> strided_ranges(int64_t parent_size, int64_t n, int64_t split_factor, int64_t m) {
+  std::vector<ChunkRange> out;
+  for (int64_t j = 0; j < split_factor; ++j) {
+    ChunkRange inner = chunk_range(parent_size, split_factor, j);
+    ChunkRange c = chunk_range(inner.size, n, m);
+    out.push_back({inner.offset + c.offset, c.size});
+  }
+  return out;
+}
+
 std::vector<int64_t> member_indices(const Placement& p, int64_t parent_size, int64_t n, int64_t m) {
   std::vector<int64_t> idx;
   auto add = [&](ChunkRange r) {
     for (int64_t k = 0; k < r.size; ++k) idx.push_back(r.offset + k);
   };
   if (const auto* s = std::get_if<StridedShard>(&p)) {
-    // Split into n * split_factor chunks; member m holds chunks m, m + n, m + 2n, ...
-    for (int64_t j = 0; j < s->split_factor; ++j) add(chunk_range(parent_size, n * s->split_factor, m + j * n));
+    for (ChunkRange r : strided_ranges(parent_size, n, s->split_factor, m)) add(r);
   } else {
     add(chunk_range(parent_size, n, m));
   }
@@ -60,9 +71,7 @@ std::vector<int64_t> member_indices(const Placement& p, int64_t parent_size, int
 int64_t member_size(const Placement& p, int64_t parent_size, int64_t n, int64_t m) {
   if (const auto* s = std::get_if<StridedShard>(&p)) {
     int64_t total = 0;
-    for (int64_t j = 0; j < s->split_factor; ++j) {
-      total += chunk_range(parent_size, n * s->split_factor, m + j * n).size;
-    }
+    for (ChunkRange r : strided_ranges(parent_size, n, s->split_factor, m)) total += r.size;
     return total;
   }
   return chunk_range(parent_size, n, m).size;
@@ -114,8 +123,7 @@ static std::vector<std::vector<Run>> runs_at(const DTensorSpec& spec, const std:
     for (const Run& r : runs[d]) parent += r.len;
     std::vector<Run> next;
     if (const auto* s = std::get_if<StridedShard>(&p)) {
-      for (int64_t j = 0; j < s->split_factor; ++j) {
-        ChunkRange c = chunk_range(parent, n * s->split_factor, m + j * n);
+      for (ChunkRange c : strided_ranges(parent, n, s->split_factor, m)) {
         for (const Run& r : select_positions(runs[d], c.offset, c.size)) {
           if (r.len > 0 || next.empty()) next.push_back(r);
         }
