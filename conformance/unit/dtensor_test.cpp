@@ -252,7 +252,12 @@ TDC_DIST_TEST(DTensorTest, ReplicateToPartialValues) {
   tdc::DeviceMesh mesh = tdc::init_device_mesh("cpu", {4});
   at::Tensor global = global_tensor({3, 2});
   DTensor d = distribute_tensor(global, mesh, {Replicate{}});
-  expect_close(d.redistribute({Partial{ReduceOp::SUM}}).to_local(), r == 0 ? global : at::zeros_like(global));
+  // SUM: value / n everywhere, as PyTorch 2.13's Partial._partition_value; integers: rank 0 keeps it.
+  expect_close(d.redistribute({Partial{ReduceOp::SUM}}).to_local(), global / 4.0);
+  at::Tensor ints = at::arange(6, at::kLong).reshape({3, 2});
+  DTensor di = distribute_tensor(ints, mesh, {Replicate{}}).redistribute({Partial{ReduceOp::SUM}});
+  EXPECT_TRUE(di.to_local().equal(r == 0 ? ints : at::zeros_like(ints)));
+  EXPECT_TRUE(di.full_tensor().equal(ints));
   for (ReduceOp op : {ReduceOp::AVG, ReduceOp::MAX, ReduceOp::MIN}) {
     expect_close(d.redistribute({Partial{op}}).to_local(), global);
   }

@@ -4,8 +4,8 @@
 //   Partial -> Replicate              all-reduce
 //   Partial -> Shard/StridedShard     reduce-scatter (uneven: padded pieces)
 //   Shard(i) -> Shard(j)              all-gather along i, then take the piece along j
-//   Replicate -> Partial              SUM: local rank 0 keeps the value, the others hold zeros;
-//                                     AVG/MAX/MIN: every rank keeps the value
+//   Replicate -> Partial              SUM: value / n on every rank (PyTorch; integers: local
+//                                     rank 0 keeps it, the others zeros); AVG/MAX/MIN: the value
 //   Partial(a) -> Partial(b)          SUM<->AVG by scaling; others through Replicate
 // Mesh dims whose placement changes are undone last-to-first and redone first-to-last, so that
 // several mesh dims sharding one tensor dim nest in mesh-dim order (as PyTorch). A mesh dim that
@@ -130,8 +130,13 @@ at::Tensor all_reduce(const at::Tensor& local, comm::ReduceOp op, const DeviceMe
 }
 
 at::Tensor replicate_to_partial(const at::Tensor& local, comm::ReduceOp op, const DeviceMesh& mesh, int64_t i) {
-  if (op == comm::ReduceOp::SUM && mesh.get_local_rank(i) != 0) return at::zeros_like(local);
-  return local.clone();
+  if (op != comm::ReduceOp::SUM) return local.clone();
+  // PyTorch 2.13 (Partial._partition_value): v / n on every rank. Integer tensors cannot be
+  // divided exactly: there local rank 0 keeps the value and the others hold zeros.
+  if (at::isFloatingType(local.scalar_type()) || at::isComplexType(local.scalar_type())) {
+    return local / static_cast<double>(mesh.size(i));
+  }
+  return mesh.get_local_rank(i) == 0 ? local.clone() : at::zeros_like(local);
 }
 
 }  // namespace
