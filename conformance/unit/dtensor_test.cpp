@@ -236,6 +236,9 @@ TDC_DIST_TEST(DTensorTest, SpecLocalShapeAndOffset) {
   EXPECT_EQ(spec_of({3, 2}, {Shard{-1}}).local_shape(), (std::vector<int64_t>{3, two[r]}));
   EXPECT_EQ(spec_of({3, 2}, {Shard{-1}}).placements[0], Placement(Shard{1}));
   EXPECT_EQ(spec_of({3, 2}, {Replicate{}}).local_shape(), (std::vector<int64_t>{3, 2}));
+  DTensor undefined;  // default-constructible, e.g. for containers
+  EXPECT_FALSE(undefined.defined());
+  EXPECT_FALSE(undefined.grad().has_value());
   EXPECT_EQ(to_string(Placements{Shard{0}, Replicate{}, Partial{ReduceOp::AVG}}),
             "(Shard(0), Replicate(), Partial(avg))");
   // 2-D: two mesh dims sharding dim 0 nest in mesh-dim order: 7 -> (4, 3) -> (2, 2 | 2, 1).
