@@ -82,7 +82,8 @@ at::Tensor randn(const std::vector<int64_t>& shape, uint64_t seed) {
 struct InputSpec {
   at::Tensor value;          // the global value (same on every rank)
   bool index = false;        // integer input: no Partial, no gradient
-  bool few = false;          // 2-D mesh: only {Replicate, Shard(0)} per dim, or Partial everywhere
+  bool few = false;          // biases: Shard(0), Replicate, Partial on a 1-D mesh; on a 2-D mesh
+                             // only (R, R), (R, S(0)) (the TP layouts) and (P, P)
 };
 
 struct OpCase {
@@ -119,7 +120,12 @@ std::vector<Placements> placement_options(const InputSpec& in, int64_t mesh_ndim
       }
     out = std::move(next);
   }
-  if (in.few && !in.index) out.push_back(Placements(mesh_ndim, Partial{}));
+  if (in.few && mesh_ndim > 1) {
+    out = {Placements(mesh_ndim, Replicate{}), Placements(mesh_ndim, Replicate{}), Placements(mesh_ndim, Partial{})};
+    out[1].back() = Shard{0};
+  } else if (in.few && !in.index) {
+    out.push_back(Placements(mesh_ndim, Partial{}));
+  }
   return out;
 }
 
