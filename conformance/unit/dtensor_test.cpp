@@ -247,6 +247,26 @@ TDC_DIST_TEST(DTensorTest, SpecLocalShapeAndOffset) {
   const int64_t nested[] = {2, 2, 2, 1}, nested_off[] = {0, 2, 4, 6};
   EXPECT_EQ(s2.local_shape(), (std::vector<int64_t>{nested[r]}));
   EXPECT_EQ(s2.local_offset(), (std::vector<int64_t>{nested_off[r]}));
+  // Shapes and offsets from PyTorch 2.13's _compute_local_shape_and_global_offset, per rank.
+  struct Case {
+    std::vector<int64_t> shape;
+    Placements ps;
+    std::vector<std::vector<int64_t>> local, offset;
+  };
+  const std::vector<Case> torch_cases = {
+      {{7, 5}, {Shard{1}, Shard{0}}, {{4, 3}, {3, 3}, {4, 2}, {3, 2}}, {{0, 0}, {4, 0}, {0, 3}, {4, 3}}},
+      {{3, 2}, {Shard{0}, Shard{0}}, {{1, 2}, {1, 2}, {1, 2}, {0, 2}}, {{0, 0}, {1, 0}, {2, 0}, {3, 0}}},
+      {{7, 2}, {StridedShard{0, 2}, Shard{0}}, {{2, 2}, {2, 2}, {2, 2}, {1, 2}}, {{0, 0}, {4, 0}, {2, 0}, {6, 0}}},
+  };
+  for (const Case& c : torch_cases) {
+    SCOPED_TRACE(to_string(c.ps));
+    DTensorSpec spec{mesh2, c.ps, c.shape, {}, at::kFloat};
+    EXPECT_EQ(spec.local_shape(), c.local[r]);
+    EXPECT_EQ(spec.local_offset(), c.offset[r]);
+  }
+  DTensorSpec empty_shard{mesh, {Shard{0}}, {2, 3}, {}, at::kFloat};
+  const int64_t two_off[] = {0, 1, 2, 2};
+  EXPECT_EQ(empty_shard.local_offset(), (std::vector<int64_t>{two_off[r], 0}));
 }
 
 TDC_DIST_TEST(DTensorTest, ReplicateToPartialValues) {
