@@ -304,22 +304,34 @@ std::vector<std::pair<std::string, Module*>> Module::named_modules_tdc(const std
   return out;
 }
 
-std::vector<std::pair<std::string, at::Tensor>> Module::named_params(bool recurse) const {
+namespace {
+// Parameters or buffers of `root` (and its tree when `recurse`) in PyTorch order, each tensor once
+// (tied / shared ones at their first FQN). `direct` lists one module's own tensors.
+using DirectTensors = torch::OrderedDict<std::string, at::Tensor> (*)(const torch::nn::Module&);
+std::vector<std::pair<std::string, at::Tensor>> unique_named_tensors(const Module& root, bool recurse,
+                                                                     DirectTensors direct) {
   std::vector<std::pair<std::string, at::Tensor>> out;
   std::unordered_set<const c10::TensorImpl*> seen;
   auto add = [&](const std::string& prefix, const torch::nn::Module& m) {
-    for (const auto& item : m.named_parameters(/*recurse=*/false)) {
+    for (const auto& item : direct(m)) {
       const at::Tensor& t = item.value();
       if (!t.defined() || !seen.insert(t.unsafeGetTensorImpl()).second) continue;
       out.emplace_back(join(prefix, item.key()), t);
     }
   };
   if (!recurse) {
-    add("", *this);
+    add("", root);
     return out;
   }
-  for (auto& [name, m] : all_modules(*this, "")) add(name, *m);
+  for (auto& [name, m] : all_modules(root, "")) add(name, *m);
   return out;
+}
+}  // namespace
+
+std::vector<std::pair<std::string, at::Tensor>> Module::named_params(bool recurse) const {
+  return unique_named_tensors(*this, recurse, [](const torch::nn::Module& m) {
+    return m.named_parameters(/*recurse=*/false);
+  });
 }
 
 std::vector<at::Tensor> Module::params(bool recurse) const {
@@ -329,21 +341,9 @@ std::vector<at::Tensor> Module::params(bool recurse) const {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Module::named_bufs(bool recurse) const {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  std::unordered_set<const c10::TensorImpl*> seen;
-  auto add = [&](const std::string& prefix, const torch::nn::Module& m) {
-    for (const auto& item : m.named_buffers(/*recurse=*/false)) {
-      const at::Tensor& t = item.value();
-      if (!t.defined() || !seen.insert(t.unsafeGetTensorImpl()).second) continue;
-      out.emplace_back(join(prefix, item.key()), t);
-    }
-  };
-  if (!recurse) {
-    add("", *this);
-    return out;
-  }
-  for (auto& [name, m] : all_modules(*this, "")) add(name, *m);
-  return out;
+  return unique_named_tensors(*this, recurse, [](const torch::nn::Module& m) {
+    return m.named_buffers(/*recurse=*/false);
+  });
 }
 
 Module& Module::submodule(const std::string& path) {
