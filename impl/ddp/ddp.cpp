@@ -2,6 +2,10 @@
 // module itself through forward hooks). The reduction logic is in reducer.cpp.
 #include "tdc/ddp/ddp.h"
 
+#include <fmt/ranges.h>
+
+#include "tdc/tensor/module_params.h"
+
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -97,6 +101,21 @@ const BackwardStats& replicate_last_backward(nn::Module& module) {
 
 void replicate_set_requires_gradient_sync(nn::Module& module, bool sync) {
   reducer_of(module, "replicate_set_requires_gradient_sync")->set_sync(sync);
+}
+
+int pre_dp_module_transform(nn::Module& module) {
+  int found = 0;
+  for (const auto& np : tensor::named_params_with_specs(module)) {
+    if (!np.dtensor) continue;
+    ++found;
+    std::vector<int64_t> expect = np.dtensor->spec().local_shape();
+    if (np.tensor.sizes().vec() != expect) {
+      throw std::invalid_argument(fmt::format(
+          "pre_dp_module_transform: parameter '{}' has local shape [{}] but its spec {} gives [{}] on this rank",
+          np.fqn, fmt::join(np.tensor.sizes(), ", "), np.dtensor->spec().to_string(), fmt::join(expect, ", ")));
+    }
+  }
+  return found;
 }
 
 }  // namespace tdc::ddp

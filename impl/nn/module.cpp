@@ -161,7 +161,11 @@ at::Tensor Module::operator()(const at::Tensor& input) {
 }
 
 Tensors Module::call_uncheckpointed(Tensors inputs) {
-  if (hooks_->pre.empty() && hooks_->post.empty()) return forward(inputs);
+  if (hooks_->pre.empty() && hooks_->post.empty()) {
+    Tensors outputs = forward(inputs);
+    transformed_.clear();
+    return outputs;
+  }
   if (!hooks_->pre.empty()) {
     auto snapshot = hooks_->pre;  // a hook may remove itself or others
     for (const auto& e : snapshot) {
@@ -173,6 +177,7 @@ Tensors Module::call_uncheckpointed(Tensors inputs) {
     }
   }
   Tensors outputs = forward(inputs);
+  transformed_.clear();  // the transformed parameters live in the autograd graph, not here
   if (!hooks_->post.empty()) {
     auto snapshot = hooks_->post;
     for (const auto& e : snapshot) {
@@ -224,13 +229,28 @@ at::Tensor& Module::register_buf(const std::string& name, at::Tensor tensor, boo
 }
 
 const at::Tensor& Module::p(const std::string& name) const {
+  const at::Tensor* base = nullptr;
   if (!substitutes_.empty()) {
     auto it = substitutes_.find(name);
-    if (it != substitutes_.end()) return it->second;
+    if (it != substitutes_.end()) base = &it->second;
   }
-  if (const at::Tensor* t = parameters_.find(name)) return *t;
-  throw_unknown("parameter", name);
+  if (!base) base = parameters_.find(name);
+  if (!base) throw_unknown("parameter", name);
+  if (transforms_.empty()) return *base;
+  auto tr = transforms_.find(name);
+  if (tr == transforms_.end()) return *base;
+  at::Tensor t = *base;
+  for (const auto& fn : tr->second) t = fn(t);
+  return transformed_[name] = std::move(t);
 }
+
+void Module::add_param_transform(const std::string& name, ParamTransform fn) {
+  if (!parameters_.contains(name)) throw_unknown("parameter", name);
+  if (!fn) throw std::invalid_argument("add_param_transform: empty function for parameter '" + name + "' of module type '" + type_name_ + "'");
+  transforms_[name].push_back(std::move(fn));
+}
+
+bool Module::has_param_transform(const std::string& name) const { return transforms_.count(name) > 0; }
 
 const at::Tensor& Module::b(const std::string& name) const {
   if (const at::Tensor* t = bufs_.find(name)) return *t;

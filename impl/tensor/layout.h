@@ -36,5 +36,10 @@ at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& from, 
 // Differentiable: backward redistributes the gradient from grad_placements(to) to
 // grad_placements(from.placements).
 at::Tensor redistribute_autograd(const at::Tensor& local, const DTensorSpec& from, const Placements& to);
+// Differentiable with a stated backward: the gradient, laid out as `grad_from` (same mesh and
+// global shape), is redistributed to `grad_to`. Tensor parallel uses it where the local compute
+// after the conversion leaves partial gradients (ColwiseParallel's input: grad_from Partial).
+at::Tensor redistribute_autograd(const at::Tensor& local, const DTensorSpec& from, const Placements& to,
+                                 const Placements& grad_from, const Placements& grad_to);
 
 }  // namespace tdc::tensor::detail

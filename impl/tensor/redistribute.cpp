@@ -16,6 +16,7 @@
 
 #include "layout.h"
 #include "tdc/comm/collectives.h"
+#include "../comm/internal.h"
 
 namespace tdc::tensor::detail {
 namespace {
@@ -78,7 +79,8 @@ at::Tensor gather(const at::Tensor& local, const DTensorSpec& cur, int64_t i) {
   at::Tensor in = pad_rows(x, max_len);
   out_shape[0] = max_len * n;
   at::Tensor gathered = at::empty(out_shape, x.options());
-  comm::all_gather_into_tensor(gathered, in, cur.mesh.get_group(i));
+  // DTensor's collectives are functional ones in PyTorch (funcol): counted as such.
+  comm::detail::all_gather_into_tensor(gathered, in, cur.mesh.get_group(i), false, comm::OpKind::FunctionalAllGather);
   at::Tensor full;
   if (std::holds_alternative<Shard>(p)) {
     std::vector<at::Tensor> pieces;
@@ -119,13 +121,15 @@ at::Tensor reduce_scatter(const at::Tensor& local, comm::ReduceOp op, const Plac
   at::Tensor in = at::cat(pieces, 0);
   shape[0] = max_len;
   at::Tensor out = at::empty(shape, x.options());
-  comm::reduce_scatter_tensor(out, in, op, mesh.get_group(i));
+  comm::detail::reduce_scatter_tensor(out, in, op, mesh.get_group(i), false, comm::OpKind::FunctionalReduceScatter);
   return out.narrow(0, 0, member_size(p, parent, n, me)).movedim(0, d).contiguous();
 }
 
 at::Tensor all_reduce(const at::Tensor& local, comm::ReduceOp op, const DeviceMesh& mesh, int64_t i) {
   at::Tensor out = local.clone(at::MemoryFormat::Contiguous);
-  if (mesh.size(i) > 1 && out.numel() > 0) comm::all_reduce(out, op, mesh.get_group(i));
+  if (mesh.size(i) > 1 && out.numel() > 0) {
+    comm::detail::all_reduce(out, op, mesh.get_group(i), false, comm::OpKind::FunctionalAllReduce);
+  }
   return out;
 }
 
@@ -213,14 +217,16 @@ at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& from, 
 namespace {
 
 struct SpecCapsule : torch::CustomClassHolder {
-  SpecCapsule(DTensorSpec f, Placements t) : from(std::move(f)), to(std::move(t)) {}
+  SpecCapsule(DTensorSpec f, Placements t, Placements gf, Placements gt)
+      : from(std::move(f)), to(std::move(t)), grad_from(std::move(gf)), grad_to(std::move(gt)) {}
   DTensorSpec from;
-  Placements to;
+  Placements to, grad_from, grad_to;
 };
 
-// Forward: the transition table above. Backward: the gradient, laid out as grad_placements(to),
-// is redistributed to grad_placements(from) (so Shard->Replicate has a chunk as backward,
-// Replicate->Shard an all-gather, Partial->Replicate the identity, Partial->Shard an all-gather).
+// Forward: the transition table above. Backward: the gradient, laid out as grad_from (by default
+// grad_placements(to)), is redistributed to grad_to (by default grad_placements(from)): so
+// Shard->Replicate has a chunk as backward, Replicate->Shard an all-gather, Partial->Replicate
+// the identity, Partial->Shard an all-gather.
 struct RedistributeFunction : torch::autograd::Function<RedistributeFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& local,
                             c10::intrusive_ptr<SpecCapsule> specs) {
@@ -233,10 +239,10 @@ struct RedistributeFunction : torch::autograd::Function<RedistributeFunction> {
     auto capsule = ctx->saved_data["specs"].toCapsule();
     const auto* specs = static_cast<SpecCapsule*>(capsule.get());
     DTensorSpec grad_spec = specs->from;
-    grad_spec.placements = grad_placements(specs->to);
+    grad_spec.placements = specs->grad_from;
     at::Tensor g = grads[0].defined() ? grads[0] : at::zeros(local_shape_at(grad_spec, grad_spec.mesh.get_coordinate()),
                                                              at::TensorOptions().dtype(specs->from.dtype));
-    return {redistribute_local(g, grad_spec, grad_placements(specs->from.placements)), at::Tensor()};
+    return {redistribute_local(g, grad_spec, specs->grad_to), at::Tensor()};
   }
 };
 
@@ -244,7 +250,14 @@ struct RedistributeFunction : torch::autograd::Function<RedistributeFunction> {
 
 at::Tensor redistribute_autograd(const at::Tensor& local, const DTensorSpec& from, const Placements& to) {
   if (!local.requires_grad()) return redistribute_local(local, from, to);
-  return RedistributeFunction::apply(local, c10::make_intrusive<SpecCapsule>(from, to));
+  return RedistributeFunction::apply(
+      local, c10::make_intrusive<SpecCapsule>(from, to, grad_placements(to), grad_placements(from.placements)));
+}
+
+at::Tensor redistribute_autograd(const at::Tensor& local, const DTensorSpec& from, const Placements& to,
+                                 const Placements& grad_from, const Placements& grad_to) {
+  if (!local.requires_grad()) return redistribute_local(local, from, to);
+  return RedistributeFunction::apply(local, c10::make_intrusive<SpecCapsule>(from, to, grad_from, grad_to));
 }
 
 }  // namespace tdc::tensor::detail

@@ -77,4 +77,16 @@ nn::Module& replicate(nn::Module& module, comm::GroupPtr group = {}, DDPOptions 
 const BackwardStats& replicate_last_backward(nn::Module& module);
 void replicate_set_requires_gradient_sync(nn::Module& module, bool sync);
 
+// TP + DDP (torch.distributed.tensor.parallel.ddp._pre_dp_module_transform): makes a module whose
+// parameters tensor parallel distributed ready for DDP over the data-parallel group. PyTorch must
+// swap DTensor parameters for local tensors (DDP cannot bucket DTensors) and convert them back in
+// forward hooks. In tdc a distributed parameter already *is* its local tensor, with the
+// DTensorSpec beside it as metadata (tensor/module_params.h), so DDP buckets the local shards and
+// averages each shard over the DP group, the spec staying as it was. What remains to do here is
+// to check that every distributed parameter's local tensor still has its spec's local shape (a
+// parameter replaced behind the spec's back is an error naming it); DDP's own construction check
+// then finds ranks of the DP group holding different shard shapes. Returns the number of
+// distributed parameters found.
+int pre_dp_module_transform(nn::Module& module);
+
 }  // namespace tdc::ddp

@@ -94,6 +94,8 @@ class Module : public torch::nn::Module {
   // so LibTorch's to()/named_buffers() see them.
   const at::Tensor& b(const std::string& name) const;
   bool is_persistent_buf(const std::string& name) const;
+  // The registered parameter `name` (direct; no substitute, no transform), nullptr if none.
+  const at::Tensor* find_param(const std::string& name) const { return parameters_.find(name); }
   // Installs / removes a substitute for parameter `name` (used by FSDP during forward/backward).
   void set_param_substitute(const std::string& name, at::Tensor tensor);
   void clear_param_substitute(const std::string& name);
@@ -105,6 +107,14 @@ class Module : public torch::nn::Module {
   // Ties: makes this module's parameter `name` the same tensor as `tensor` (PyTorch's
   // `output.weight = tok_embeddings.weight`); registers `name` if it is not yet a parameter.
   void tie_param(const std::string& name, const at::Tensor& tensor);
+
+  // Read transforms: functions applied, in registration order, to what p(name) would otherwise
+  // return (the substitute, else the registered parameter), at every p() call. Tensor parallel
+  // uses them (RowwiseParallel's bias / n, SequenceParallel's gradient all-reduce), so they
+  // compose with substitutes installed by FSDP. Not copied by deep_copy (like hooks).
+  using ParamTransform = std::function<at::Tensor(const at::Tensor&)>;
+  void add_param_transform(const std::string& name, ParamTransform fn);
+  bool has_param_transform(const std::string& name) const;
 
   // Per-parameter metadata (DTensor specs etc.), by direct name.
   void set_param_meta(const std::string& name, std::any meta);
@@ -161,6 +171,8 @@ class Module : public torch::nn::Module {
   std::shared_ptr<Hooks> hooks_;
   std::map<std::string, at::Tensor> substitutes_;
   std::map<std::string, std::any> meta_;
+  std::map<std::string, std::vector<ParamTransform>> transforms_;
+  mutable std::map<std::string, at::Tensor> transformed_;  // p()'s results of the current forward
   torch::OrderedDict<std::string, at::Tensor> bufs_;  // same tensors as LibTorch's buffers
   std::vector<std::string> non_persistent_;
   bool checkpointed_ = false;
