@@ -5,6 +5,15 @@
 
 namespace tdc::conformance {
 
+namespace {
+// What the reference implementation (libtdc) supports today; conformance tests that need more
+// report NOT_SUPPORTED (docs/plugging-in.md). Grows with each issue that lands a component.
+const bool declared = [] {
+  harness::declare_capabilities("tdc", {"comm", "device_mesh", "dtensor", "tp", "ddp", "ddp.tp_pre_transform"});
+  return true;
+}();
+}  // namespace
+
 comm::GroupPtr world() {
   const auto& c = harness::ctx();
   // The default group is per thread; in the env launcher one thread runs many tests, each with

@@ -413,3 +413,45 @@ TDC_DIST_TEST(TpTest, TransformerRecipeRejectsIndivisibleHeads, .world_size = 3)
 }
 
 }  // namespace
+
+namespace {
+
+// The example of docs/tp.md, verbatim between the markers (world size 2).
+TDC_DIST_TEST(TpTest, DocsExample, .world_size = 2) {
+  // --- docs/tp.md example begin ---
+  using namespace tdc;
+  conformance::world();                                   // the default process group (2 ranks)
+  DeviceMesh mesh = init_device_mesh("cpu", {2}, {"tp"});
+
+  at::manual_seed(0);                                     // same model on every rank
+  auto model = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+      std::make_shared<nn::Linear>(8, 32), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(32, 8)});
+  nn::ModulePtr reference = model->deep_copy();           // unsharded, to compare with
+
+  tp::parallelize_module(*model, mesh,
+                         {{"0", tp::ColwiseParallel{}},   // weight, bias Shard(0): output Shard(-1)
+                          {"2", tp::RowwiseParallel{}}}); // weight Shard(1): partial sums all-reduced
+
+  // The registered parameters are the local shards (what optimizers see); their specs make them
+  // read back as DTensors.
+  std::optional<tensor::DTensor> w = tensor::param_dtensor(*model, "0.weight");
+  // w->placements() == {Shard{0}}, w->shape() == {32, 8}, w->to_local().sizes() == {16, 8}
+
+  torch::optim::AdamW opt(model->params(), torch::optim::AdamWOptions(1e-3));
+  at::Tensor x = at::randn({4, 8});                       // same input on every rank
+  at::Tensor loss = (*model)(x).pow(2).mean();            // forward: one all-reduce
+  loss.backward();
+  at::Tensor full_grad = w->grad()->full_tensor();        // [32, 8], all-gathered
+  opt.step();
+  // --- docs/tp.md example end ---
+
+  EXPECT_EQ(w->placements(), tensor::Placements{tensor::Shard{0}});
+  EXPECT_EQ(w->shape(), (std::vector<int64_t>{32, 8}));
+  EXPECT_EQ(w->to_local().sizes(), (c10::IntArrayRef{16, 8}));
+  at::Tensor ref_loss = (*reference)(x).pow(2).mean();
+  expect_close(loss, ref_loss, "loss");
+  ref_loss.backward();
+  expect_close(full_grad, reference->named_params()[0].second.grad(), "0.weight gradient");
+}
+
+}  // namespace
