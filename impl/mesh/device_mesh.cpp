@@ -19,6 +19,8 @@ struct DeviceMesh::State {
   std::vector<comm::GroupPtr> groups;  // per dim: the slice group containing the caller
   std::vector<int64_t> coord;          // the caller's coordinate
   int64_t rank = 0;                    // the caller's global rank
+  std::shared_ptr<const State> root;   // the mesh this one was sliced from (null: a root)
+  std::vector<int64_t> root_dims;      // this mesh's dims in the root (sliced meshes only)
 };
 
 namespace {
@@ -111,8 +113,19 @@ DeviceMesh DeviceMesh::operator[](const std::vector<std::string>& names) const {
     s->names.push_back(state_->names[d]);
     s->groups.push_back(state_->groups[d]);
     s->coord.push_back(state_->coord[d]);
+    s->root_dims.push_back(state_->root ? state_->root_dims[d] : d);
   }
+  s->root = state_->root ? state_->root : state_;
   return DeviceMesh(std::move(s));
+}
+
+DeviceMesh DeviceMesh::root_mesh() const { return state_->root ? DeviceMesh(state_->root) : *this; }
+
+std::vector<int64_t> DeviceMesh::dims_in_root() const {
+  if (state_->root) return state_->root_dims;
+  std::vector<int64_t> all(ndim());
+  for (int64_t d = 0; d < ndim(); ++d) all[d] = d;
+  return all;
 }
 
 comm::GroupPtr DeviceMesh::get_group(int64_t dim) const {

@@ -48,6 +48,11 @@ class DeviceMesh {
   DeviceMesh flatten(const std::string& name = "") const;
 
   int64_t dim_index(const std::string& name) const;  // throws on unknown names
+  // The mesh this one was sliced from (itself when it is not a slice; a slice of a slice gives
+  // the first mesh), and this mesh's dims as dims of that root. FSDP over TP lays a parameter out
+  // on the root of its "dp" and "tp" slices.
+  DeviceMesh root_mesh() const;
+  std::vector<int64_t> dims_in_root() const;
   // Same device type, shape, dim names and ranks.
   bool operator==(const DeviceMesh& other) const;
   std::string to_string() const;            // "DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp'))"

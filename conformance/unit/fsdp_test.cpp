@@ -1,0 +1,467 @@
+// Unit tests of tdc::fsdp (FSDP2 fully_shard): training parity against a replicated reference,
+// parameters as DTensors (1-D, HSDP, over TP), the FSDPModule methods, mixed precision,
+// activation checkpointing, the unsharded-memory bound of reshard_after_forward, and bad input.
+//
+// Reference (spec C.3.2's recipe): every rank holds the unsharded model and its own input; after
+// backward the reference's gradients are summed over the ranks and divided by the world size
+// (what FSDP's reduce-scatter computes). check_sharded_parity (spec B.6) compares each shard and
+// shard gradient with the rank's chunk of the reference's.
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <torch/optim/adam.h>
+
+#include "tdc/comm/collectives.h"
+#include "tdc/comm/debug_mode.h"
+#include "tdc/conformance/support.h"
+#include "tdc/device_mesh.h"
+#include "tdc/fixtures/models.h"
+#include "tdc/fsdp/fully_shard.h"
+#include "tdc/harness/harness.h"
+#include "tdc/harness/subtests.h"
+#include "tdc/nn/checkpoint.h"
+#include "tdc/nn/layers.h"
+#include "tdc/tensor/module_params.h"
+#include "tdc/tp/parallelize.h"
+
+namespace {
+
+using namespace tdc;
+using ::testing::HasSubstr;
+using harness::ctx;
+using tensor::Placements;
+using tensor::Replicate;
+using tensor::Shard;
+
+constexpr double kRtol = 1.3e-6, kAtol = 1e-5;
+
+void expect_close(const at::Tensor& actual, const at::Tensor& expected, const std::string& what,
+                  double rtol = kRtol, double atol = kAtol) {
+  ASSERT_TRUE(actual.defined()) << what << ": undefined";
+  ASSERT_TRUE(expected.defined()) << what << ": reference undefined";
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  at::Tensor a = actual.detach().to(at::kDouble), e = expected.detach().to(at::kDouble);
+  at::Tensor bad = (a - e).abs() > (atol + rtol * e.abs());
+  EXPECT_FALSE(bad.any().item<bool>()) << what << ": " << bad.sum().item<int64_t>() << " of " << a.numel()
+                                       << " elements differ; max |diff| " << (a - e).abs().max().item<double>();
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+at::Generator gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+
+nn::ModulePtr reference_copy(const nn::Module& m) {
+  auto group = conformance::world();
+  nn::ModulePtr ref = m.deep_copy();
+  for (auto p : ref->params()) comm::broadcast(p, 0, group);
+  for (auto& [name, b] : ref->named_bufs()) comm::broadcast(b, 0, group);
+  return ref;
+}
+
+// Sum over the ranks, divided by the world size: the gradient FSDP computes.
+void average_reference_grads(nn::Module& ref) {
+  for (auto& p : ref.params()) {
+    if (!p.grad().defined()) continue;
+    comm::all_reduce(p.mutable_grad(), comm::ReduceOp::SUM);
+    p.mutable_grad().div_(ctx().world_size);
+  }
+}
+
+// Spec B.6: every sharded parameter is a DTensor whose local shard equals the rank's piece of the
+// reference parameter laid out the same way; same for gradients (None <-> None).
+void check_sharded_parity(nn::Module& ref, nn::Module& sharded, const std::string& what) {
+  auto got = tensor::named_params_with_specs(sharded);
+  auto want = ref.named_params();
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].fqn, want[i].first) << what;
+    ASSERT_TRUE(got[i].dtensor.has_value()) << what << ": '" << got[i].fqn << "' is not a DTensor";
+    const tensor::DTensorSpec& spec = got[i].dtensor->spec();
+    auto chunk = [&](const at::Tensor& full) {
+      return tensor::distribute_tensor(full.detach(), spec.mesh, spec.placements).to_local();
+    };
+    expect_close(got[i].tensor, chunk(want[i].second), what + " shard of '" + got[i].fqn + "'");
+    const at::Tensor& rg = want[i].second.grad();
+    ASSERT_EQ(got[i].tensor.grad().defined(), rg.defined()) << what << " gradient presence of '" << got[i].fqn << "'";
+    if (rg.defined()) expect_close(got[i].tensor.grad(), chunk(rg), what + " shard gradient of '" + got[i].fqn + "'");
+  }
+}
+
+// MLPStack(mlp_dim) (uneven: 3x multiplier) or the Transformer (dropout 0).
+nn::ModulePtr make_model(const std::string& name) {
+  if (name == "mlp") return std::make_shared<fixtures::MLPStack>(5);
+  fixtures::ModelArgs args;
+  args.dropout_p = 0.0;
+  return std::make_shared<fixtures::Transformer>(args);
+}
+at::Tensor make_input(const std::string& name, uint64_t seed) {
+  if (name == "mlp") return at::randn({2, 5}, gen(seed));
+  return at::randint(8, {2, 8}, gen(seed));
+}
+// fully_shard on each child that has parameters (MLPs / Transformer blocks), then the root.
+void shard_model(nn::Module& model, const std::string& name, const fsdp::FullyShardOptions& opts) {
+  if (name == "mlp") {
+    for (auto& [n, child] : model.named_children_tdc()) fsdp::fully_shard(*child, opts);
+  } else {
+    for (auto& [n, block] : model.child("layers").named_children_tdc()) fsdp::fully_shard(*block, opts);
+  }
+  fsdp::fully_shard(model, opts);
+}
+
+// ------------------------------------------------------------------ parity
+
+void train_parity(const std::string& model_name, bool reshard_after_forward, bool checkpoint) {
+  conformance::world();
+  at::manual_seed(42);
+  nn::ModulePtr model = make_model(model_name);
+  nn::ModulePtr ref = reference_copy(*model);
+  if (checkpoint) {
+    if (model_name == "mlp") {
+      for (auto& [n, c] : model->named_children_tdc()) nn::checkpoint(*c);
+    } else {
+      for (auto& [n, b] : model->child("layers").named_children_tdc()) nn::checkpoint(*b);
+    }
+  }
+  fsdp::FullyShardOptions opts;
+  opts.reshard_after_forward = reshard_after_forward;
+  shard_model(*model, model_name, opts);
+  check_sharded_parity(*ref, *model, "after fully_shard:");
+  torch::optim::Adam opt(model->params(), torch::optim::AdamOptions(1e-2));
+  torch::optim::Adam ref_opt(ref->params(), torch::optim::AdamOptions(1e-2));
+  at::Tensor inp = make_input(model_name, 42 + ctx().rank + 1);
+  for (int it = 0; it < 5; ++it) {
+    at::Tensor ref_loss = (*ref)(inp).sum();
+    ref_loss.backward();
+    average_reference_grads(*ref);
+    at::Tensor loss = (*model)(inp).sum();
+    loss.backward();
+    expect_close(loss, ref_loss, "loss at iteration " + std::to_string(it));
+    check_sharded_parity(*ref, *model, "iteration " + std::to_string(it) + ":");
+    opt.step();
+    ref_opt.step();
+    opt.zero_grad();
+    ref_opt.zero_grad();
+  }
+  check_sharded_parity(*ref, *model, "after 5 Adam steps:");
+}
+
+void parity_grid() {
+  harness::subtests({{"model", {std::string("mlp"), std::string("transformer")}},
+                     {"reshard_after_forward", {true, false}},
+                     {"checkpoint", {false, true}}},
+                    [](const harness::Params& p) {
+                      train_parity(p.get<std::string>("model"), p.get<bool>("reshard_after_forward"),
+                                   p.get<bool>("checkpoint"));
+                    });
+}
+TDC_DIST_TEST(FSDPTest, TrainParityWorld2, .world_size = 2, .timeout_s = 120) { parity_grid(); }
+TDC_DIST_TEST(FSDPTest, TrainParityWorld3, .world_size = 3, .timeout_s = 120) { train_parity("mlp", true, false); }
+
+// HSDP: (replicate 2, shard 2); parameters (Replicate(), Shard(0)); gradients averaged over all 4.
+TDC_DIST_TEST(FSDPTest, HSDPTrainParity, .world_size = 4, .timeout_s = 120) {
+  conformance::world();
+  DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"dp_replicate", "dp_shard"});
+  at::manual_seed(42);
+  nn::ModulePtr model = make_model("transformer");
+  nn::ModulePtr ref = reference_copy(*model);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  shard_model(*model, "transformer", opts);
+  auto p = tensor::param_dtensor(*model, "layers.0.attention.wq.weight");
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->placements(), (Placements{Replicate{}, Shard{0}}));
+  torch::optim::Adam opt(model->params(), torch::optim::AdamOptions(1e-2));
+  torch::optim::Adam ref_opt(ref->params(), torch::optim::AdamOptions(1e-2));
+  at::Tensor inp = make_input("transformer", 42 + ctx().rank + 1);
+  for (int it = 0; it < 3; ++it) {
+    at::Tensor ref_loss = (*ref)(inp).sum();
+    ref_loss.backward();
+    average_reference_grads(*ref);
+    at::Tensor loss = (*model)(inp).sum();
+    loss.backward();
+    expect_close(loss, ref_loss, "loss at iteration " + std::to_string(it));
+    check_sharded_parity(*ref, *model, "iteration " + std::to_string(it) + ":");
+    opt.step();
+    ref_opt.step();
+    opt.zero_grad();
+    ref_opt.zero_grad();
+  }
+}
+
+// ------------------------------------------------------------------ DTensor view, 2-D with TP
+
+TDC_DIST_TEST(FSDPTest, ParametersReadBackAsDTensors, .world_size = 2) {
+  conformance::world();
+  at::manual_seed(1);
+  auto model = std::make_shared<fixtures::MLPStack>(5);
+  nn::ModulePtr ref = reference_copy(*model);
+  shard_model(*model, "mlp", {});
+  for (const auto& np : tensor::named_params_with_specs(*model)) {
+    ASSERT_TRUE(np.dtensor.has_value()) << np.fqn;
+    EXPECT_EQ(np.dtensor->placements(), Placements{Shard{0}}) << np.fqn;
+  }
+  auto want = ref->named_params();
+  auto got = tensor::named_params_with_specs(*model);
+  for (size_t i = 0; i < got.size(); ++i) expect_close(got[i].full(), want[i].second, "full_tensor of " + got[i].fqn, 0, 0);
+  // 15 rows over 2 ranks: 8 and 7 (torch.chunk).
+  EXPECT_EQ(tensor::param_dtensor(*model, "0.in_proj.weight")->to_local().size(0), ctx().rank == 0 ? 8 : 7);
+}
+
+// FSDP over TP on a (dp 2, tp 2) mesh: TP-sharded parameters get (StridedShard(0, 2), Shard(0))
+// when both shard dim 0, (Shard(0), Shard(1)) for a rowwise weight, (Shard(0), Replicate()) for
+// its bias; full_tensor() is the original.
+TDC_DIST_TEST(FSDPTest, FSDPOverTPPlacements, .world_size = 4) {
+  conformance::world();
+  DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  at::manual_seed(3);
+  auto model = std::make_shared<fixtures::MLPStack>(5);
+  nn::ModulePtr ref = reference_copy(*model);
+  model->parallelize_tp(mesh["tp"]);
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh["dp"];
+  shard_model(*model, "mlp", opts);
+  auto w1 = tensor::param_dtensor(*model, "0.in_proj.weight");
+  auto w2 = tensor::param_dtensor(*model, "0.out_proj.weight");
+  auto b2 = tensor::param_dtensor(*model, "0.out_proj.bias");
+  EXPECT_EQ(w1->placements(), (Placements{tensor::StridedShard{0, 2}, Shard{0}}));
+  EXPECT_EQ(w2->placements(), (Placements{Shard{0}, Shard{1}}));
+  EXPECT_EQ(b2->placements(), (Placements{Shard{0}, Replicate{}}));
+  EXPECT_EQ(w1->device_mesh(), mesh);
+  auto want = ref->named_params();
+  auto got = tensor::named_params_with_specs(*model);
+  for (size_t i = 0; i < got.size(); ++i) expect_close(got[i].full(), want[i].second, "full_tensor of " + got[i].fqn, 0, 0);
+}
+
+// ------------------------------------------------------------------ memory bound
+
+// reshard_after_forward=true keeps at most the root's group plus one block's group unsharded
+// during forward (no prefetch); false keeps every block's after it ran.
+TDC_DIST_TEST(FSDPTest, ReshardAfterForwardBoundsUnshardedMemory, .world_size = 2) {
+  harness::subtests({{"reshard_after_forward", {true, false}}}, [](const harness::Params& prm) {
+    const bool reshard = prm.get<bool>("reshard_after_forward");
+    conformance::world();
+    fixtures::ModelArgs args;
+    args.n_layers = 4;
+    args.dropout_p = 0.0;
+    auto model = std::make_shared<fixtures::Transformer>(args);
+    auto bytes_of = [](nn::Module& m) {
+      int64_t b = 0;
+      for (auto& p : m.params()) b += p.numel() * p.element_size();
+      return b;
+    };
+    const int64_t block_bytes = bytes_of(model->child("layers").child("0"));
+    const int64_t all_bytes = bytes_of(*model);
+    const int64_t root_bytes = all_bytes - args.n_layers * block_bytes;
+    std::vector<int64_t> seen;  // unsharded bytes while each block runs
+    for (auto& [n, block] : model->child("layers").named_children_tdc()) {
+      block->register_forward_hook([&seen](nn::Module&, const nn::Tensors&, const nn::Tensors&) -> std::optional<nn::Tensors> {
+        seen.push_back(fsdp::memory_stats().unsharded_bytes);
+        return std::nullopt;
+      });
+    }
+    fsdp::FullyShardOptions opts;
+    opts.reshard_after_forward = reshard;
+    shard_model(*model, "transformer", opts);
+    const int64_t before = fsdp::memory_stats().unsharded_bytes;
+    fsdp::reset_peak_memory_stats();
+    at::Tensor loss = (*model)(make_input("transformer", 5)).sum();
+    const int64_t peak = fsdp::memory_stats().peak_unsharded_bytes - before;
+    ASSERT_EQ(seen.size(), static_cast<size_t>(args.n_layers));
+    if (reshard) {
+      EXPECT_LE(peak, root_bytes + block_bytes) << "more than the root's and one block's parameters were unsharded";
+      for (int64_t s : seen) EXPECT_EQ(s - before, root_bytes + block_bytes);
+      EXPECT_EQ(fsdp::memory_stats().unsharded_bytes - before, root_bytes) << "after forward only the root stays";
+    } else {
+      EXPECT_EQ(peak, all_bytes);
+      EXPECT_EQ(seen.back() - before, all_bytes);
+    }
+    loss.backward();
+    EXPECT_EQ(fsdp::memory_stats().unsharded_bytes, before) << "after backward everything is resharded";
+  });
+}
+
+// ------------------------------------------------------------------ FSDPModule methods
+
+int64_t all_gathers(const comm::CommDebugMode& m) {
+  auto c = m.get_comm_counts();
+  auto it = c.find("c10d._allgather_base_");
+  return it == c.end() ? 0 : it->second;
+}
+int64_t reduce_scatters(const comm::CommDebugMode& m) {
+  auto c = m.get_comm_counts();
+  auto it = c.find("c10d._reduce_scatter_base_");
+  return it == c.end() ? 0 : it->second;
+}
+
+TDC_DIST_TEST(FSDPTest, UnshardReshardAndCommCounts, .world_size = 2) {
+  conformance::world();
+  auto model = make_model("mlp");
+  shard_model(*model, "mlp", {});
+  at::Tensor inp = make_input("mlp", 7);
+  {
+    comm::CommDebugMode mode;
+    at::Tensor loss = (*model)(inp).sum();
+    EXPECT_EQ(all_gathers(mode), 3) << "one all-gather per MLP; the root has no parameters of its own";
+    loss.backward();
+    EXPECT_EQ(all_gathers(mode), 6) << "reshard_after_forward: gathered again for backward";
+    EXPECT_EQ(reduce_scatters(mode), 3) << "one reduce-scatter per group";
+  }
+  // An explicit unshard: the next forward of that module gathers nothing for it.
+  fsdp::FSDPModule mlp0 = fsdp::as_fsdp(model->child("0"));
+  {
+    fsdp::UnshardHandle h = mlp0.unshard(/*async_op=*/true);
+    h.wait();
+    comm::CommDebugMode mode;
+    (*model)(inp);
+    EXPECT_EQ(all_gathers(mode), 2);
+  }
+  const int64_t before = fsdp::memory_stats().unsharded_bytes;
+  mlp0.unshard();
+  EXPECT_GT(fsdp::memory_stats().unsharded_bytes, before);
+  mlp0.reshard();
+  EXPECT_EQ(fsdp::memory_stats().unsharded_bytes, before);
+}
+
+// set_requires_gradient_sync(false): no reduce-scatter; the next synced backward reduces the sum.
+TDC_DIST_TEST(FSDPTest, GradientSyncOffAccumulates, .world_size = 2) {
+  conformance::world();
+  at::manual_seed(42);
+  nn::ModulePtr model = make_model("mlp");
+  nn::ModulePtr ref = reference_copy(*model);
+  shard_model(*model, "mlp", {});
+  fsdp::FSDPModule root = fsdp::as_fsdp(*model);
+  at::Tensor a = make_input("mlp", 100 + ctx().rank), b = make_input("mlp", 200 + ctx().rank);
+  root.set_requires_gradient_sync(false);
+  {
+    comm::CommDebugMode mode;
+    (*model)(a).sum().backward();
+    EXPECT_EQ(reduce_scatters(mode), 0);
+  }
+  for (auto& p : model->params()) EXPECT_FALSE(p.grad().defined()) << "no shard gradient before the synced backward";
+  root.set_requires_gradient_sync(true);
+  (*model)(b).sum().backward();
+  (*ref)(a).sum().backward();
+  (*ref)(b).sum().backward();
+  average_reference_grads(*ref);
+  check_sharded_parity(*ref, *model, "after accumulation:");
+}
+
+// set_modules_to_forward_prefetch: block 1's all-gather is issued from block 0's pre-forward, so
+// when block 1 starts, its group is already gathered.
+TDC_DIST_TEST(FSDPTest, ForwardPrefetchOrder, .world_size = 2) {
+  conformance::world();
+  fixtures::ModelArgs args;
+  args.dropout_p = 0.0;
+  auto model = std::make_shared<fixtures::Transformer>(args);
+  std::vector<int64_t> at_start;
+  std::unique_ptr<comm::CommDebugMode> mode;
+  // Registered before fully_shard: runs before FSDP's own pre-forward of the block.
+  for (auto& [n, block] : model->child("layers").named_children_tdc()) {
+    block->register_forward_pre_hook([&](nn::Module&, const nn::Tensors&) -> std::optional<nn::Tensors> {
+      if (mode) at_start.push_back(all_gathers(*mode));
+      return std::nullopt;
+    });
+  }
+  shard_model(*model, "transformer", {});
+  auto& layers = model->child("layers");
+  for (bool prefetch : {false, true}) {
+    if (prefetch) fsdp::as_fsdp(layers.child("0")).set_modules_to_forward_prefetch({&layers.child("1")});
+    at_start.clear();
+    mode = std::make_unique<comm::CommDebugMode>();
+    at::Tensor loss = (*model)(make_input("transformer", 1)).sum();
+    mode.reset();
+    loss.backward();  // reshards everything, the root included
+    ASSERT_EQ(at_start.size(), 2u);
+    EXPECT_EQ(at_start[0], 1) << "the root's gather precedes block 0";
+    EXPECT_EQ(at_start[1], prefetch ? 3 : 2) << (prefetch ? "block 1 was prefetched by block 0" : "no prefetch");
+  }
+}
+
+// ------------------------------------------------------------------ mixed precision
+
+TDC_DIST_TEST(FSDPTest, MixedPrecisionBf16, .world_size = 2) {
+  conformance::world();
+  at::manual_seed(42);
+  nn::ModulePtr model = make_model("mlp");
+  nn::ModulePtr ref = reference_copy(*model);
+  at::ScalarType seen = at::kFloat;
+  model->child("0").child("in_proj").register_forward_hook(
+      [&seen](nn::Module& m, const nn::Tensors&, const nn::Tensors&) -> std::optional<nn::Tensors> {
+        seen = m.p("weight").scalar_type();
+        return std::nullopt;
+      });
+  fsdp::FullyShardOptions opts;
+  opts.mp_policy.param_dtype = at::kBFloat16;
+  opts.mp_policy.reduce_dtype = at::kFloat;
+  shard_model(*model, "mlp", opts);
+  at::Tensor inp = make_input("mlp", 42 + ctx().rank);
+  at::Tensor out = (*model)(inp);
+  EXPECT_EQ(seen, at::kBFloat16) << "the unsharded parameters are bf16";
+  EXPECT_EQ(out.scalar_type(), at::kBFloat16);
+  out.sum().backward();
+  for (auto& p : model->params()) {
+    ASSERT_TRUE(p.grad().defined());
+    EXPECT_EQ(p.grad().scalar_type(), at::kFloat) << "shard gradients keep the parameter dtype";
+  }
+  (*ref)(inp).sum().backward();
+  average_reference_grads(*ref);
+  // bf16 compute: compare gradients at bf16 resolution.
+  auto got = tensor::named_params_with_specs(*model);
+  auto want = ref->named_params();
+  for (size_t i = 0; i < got.size(); ++i) expect_close(got[i].full_grad(), want[i].second.grad(), got[i].fqn, 5e-2, 5e-2);
+}
+
+// ------------------------------------------------------------------ bad input
+
+TDC_DIST_TEST(FSDPTest, BadInput, .world_size = 2) {
+  conformance::world();
+  auto model = make_model("mlp");
+  fsdp::fully_shard(model->child("0"));
+  EXPECT_THAT(error_of([&] { fsdp::fully_shard(model->child("0")); }), HasSubstr("type 'MLP' is already fully_shard'ed"));
+  EXPECT_THAT(error_of([&] { fsdp::as_fsdp(model->child("1")).unshard(); }),
+              HasSubstr("module of type 'MLP' was never fully_shard'ed"));
+
+  // A non-floating parameter: rejected, nothing changed.
+  auto lin = std::make_shared<nn::Linear>(4, 4);
+  lin->register_param("steps", at::zeros({2}, at::kLong), /*requires_grad=*/false);
+  at::Tensor w_before = lin->find_param("weight")->clone();
+  EXPECT_THAT(error_of([&] { fsdp::fully_shard(*lin); }),
+              HasSubstr("parameter 'steps' has dtype Long; only floating-point parameters can be sharded"));
+  EXPECT_FALSE(fsdp::is_fully_sharded(*lin));
+  EXPECT_TRUE(lin->find_param("weight")->equal(w_before)) << "nothing may have been sharded";
+  fsdp::FullyShardOptions ignore;
+  ignore.ignored_params = {"steps"};
+  fsdp::fully_shard(*lin, ignore);  // accepted once the parameter is ignored
+  EXPECT_EQ(lin->find_param("steps")->sizes(), (c10::IntArrayRef{2}));
+
+  fsdp::FullyShardOptions mp;
+  mp.mp_policy.reduce_dtype = at::kInt;
+  EXPECT_THAT(error_of([&] { fsdp::fully_shard(model->child("1"), mp); }),
+              HasSubstr("mp_policy dtype Int is not a floating type"));
+
+  // An optimizer step between forward and backward.
+  auto m2 = make_model("mlp");
+  shard_model(*m2, "mlp", {});
+  torch::optim::Adam opt(m2->params(), torch::optim::AdamOptions(1e-2));
+  at::Tensor loss = (*m2)(make_input("mlp", 1)).sum();
+  for (auto& p : m2->params()) p.mutable_grad() = at::ones_like(p);
+  opt.step();
+  EXPECT_THAT(error_of([&] { loss.backward(); }), HasSubstr("was modified in place between forward and backward"));
+}
+
+TDC_DIST_TEST(FSDPTest, ThreeDimensionalMeshRejected, .world_size = 8) {
+  conformance::world();
+  DeviceMesh mesh = init_device_mesh("cpu", {2, 2, 2});
+  auto model = make_model("mlp");
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  EXPECT_THAT(error_of([&] { fsdp::fully_shard(*model, opts); }), HasSubstr("the mesh has 3 dims"));
+}
+
+}  // namespace
