@@ -9,7 +9,8 @@ namespace {
 // What the reference implementation (libtdc) supports today; conformance tests that need more
 // report NOT_SUPPORTED (docs/plugging-in.md). Grows with each issue that lands a component.
 const bool declared = [] {
-  harness::declare_capabilities("tdc", {"comm", "device_mesh", "dtensor", "tp", "ddp", "ddp.tp_pre_transform"});
+  harness::declare_capabilities("tdc", {"comm", "device_mesh", "dtensor", "tp", "ddp", "ddp.tp_pre_transform", "fsdp2",
+                                          "fsdp2.cpu_offload", "fsdp2.mixed_precision", "fsdp2.hsdp"});
   return true;
 }();
 }  // namespace
