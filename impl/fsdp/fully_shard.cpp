@@ -482,6 +482,13 @@ FSDPModule fully_shard(nn::Module& module, const FullyShardOptions& options) {
   }
   const int64_t shard_dim_of_mesh = mesh.ndim() - 1;
   const int64_t n = mesh.size(shard_dim_of_mesh), me = mesh.get_local_rank(shard_dim_of_mesh);
+  if (const auto* k = std::get_if<int64_t>(&options.reshard_after_forward)) {
+    if (*k < 1 || n % *k != 0) {
+      throw std::invalid_argument(fmt::format(
+          "fully_shard on '{}': reshard_after_forward={} must be a positive divisor of the shard world size {}",
+          module.type_name(), *k, n));
+    }
+  }
 
   // Parameters already owned by nested fully_shard'ed modules, and ignored ones.
   std::unordered_set<const c10::TensorImpl*> owned;
@@ -552,9 +559,11 @@ FSDPModule fully_shard(nn::Module& module, const FullyShardOptions& options) {
 
   auto state = std::make_shared<FSDPState>();
   state->module = &module;
+  // An int k reshards to a world of k after forward: k == 1 keeps the whole parameter (False);
+  // any other divisor is resharded fully here (same values, at most the memory of True).
   state->reshard_after_forward = std::holds_alternative<bool>(options.reshard_after_forward)
                                      ? std::get<bool>(options.reshard_after_forward)
-                                     : true;
+                                     : std::get<int64_t>(options.reshard_after_forward) != 1;
   ParamGroup& g = state->group;
   g.mesh = mesh;
   g.mp = options.mp_policy;

@@ -62,8 +62,9 @@ using ShardPlacementFn = std::function<std::optional<tensor::Shard>(
 struct FullyShardOptions {
   // 1-D: shard over it. 2-D: HSDP, (replicate, shard). Default: every rank of the default group.
   std::optional<DeviceMesh> mesh;
-  // true / false, or an int: reshard after forward to a smaller world of that size (accepted;
-  // tdc reshards fully, which is correct for any value; docs/decisions.md).
+  // true / false, or an int k (a divisor of the shard world size): reshard after forward to a
+  // world of k. k == 1 keeps the whole parameter (as false); other k reshard fully in tdc (same
+  // values; memory as true, PyTorch's keeps a 1/k piece; docs/decisions.md).
   std::variant<bool, int64_t> reshard_after_forward = true;
   ShardPlacementFn shard_placement_fn;
   MixedPrecisionPolicy mp_policy;
