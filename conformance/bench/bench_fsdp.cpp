@@ -1,6 +1,255 @@
-// FSDP benchmark (placeholder until the benchmark lands; see `tdc bench fsdp`).
+// FSDP benchmark, tdc side: step time of tdc's FSDP2 (fully_shard per block, then the root)
+// against DDP and single-process training on the same global batch, for two models at world sizes
+// 2 and 4 (fork launcher, 1 ATen thread per rank).
+//
+//   tdc_bench_fsdp --out FILE [--repeat N]        (or: ./tdc bench fsdp --out FILE)
+//
+// `tdc bench fsdp` runs this, then tools/bench/fsdp_pytorch.py (PyTorch's own fully_shard on the
+// same models, batches and step) and merges both into one JSON + a PNG plot.
+//
+// A step is forward + loss (MSE on MLPStack / token cross-entropy on Transformer) + backward +
+// SGD step (lr 1e-3, no momentum; torch::optim::SGD, zero_grad sets gradients to none). The
+// single-process case runs the whole global batch in one process (a world of 1, plain model); the
+// DDP and FSDP cases run world_size ranks, each on global_batch / world_size samples. Each case:
+// kWarmup untimed steps (tdc's FSDP root initialises lazily in the first), then N timed steps;
+// the figure is rank 0's median step (the ranks move in lock step: every step ends in the same
+// collectives). Output schema: docs/results-schema.md, "FSDP benchmark" ("tdc" part).
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
-int main() {
-  std::fprintf(stderr, "tdc_bench_fsdp: not implemented yet\n");
-  return 1;
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/optim/sgd.h>
+#include <torch/version.h>
+
+#include "bench_common.h"
+#include "tdc/comm/collectives.h"
+#include "tdc/conformance/support.h"
+#include "tdc/ddp/ddp.h"
+#include "tdc/fixtures/models.h"
+#include "tdc/fsdp/fully_shard.h"
+#include "tdc/harness/launch.h"
+#include "tdc/harness/results.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kWarmup = 3;
+constexpr double kLr = 1e-3;
+const int kWorldSizes[] = {2, 4};
+
+// The benchmark models (the PyTorch runner builds the same ones, see tools/bench/fsdp_pytorch.py):
+// fixtures::MLPStack(256) (MSE on [B, 256]) and fixtures::Transformer (dim 128, 2 blocks, 4 heads,
+// vocab 512, sequence 64, no dropout, weight tying; token cross-entropy on [B, 64]).
+struct ModelCase {
+  const char* name;
+  int64_t global_batch;
+  tdc::nn::ModulePtr (*make)();
+  tdc::nn::Tensors (*inputs)(int64_t batch, at::Generator& gen);
+  at::Tensor (*target)(int64_t batch, at::Generator& gen);
+  void (*shard)(tdc::nn::Module& model);  // fully_shard per block, then the root
+  json config;
+};
+
+constexpr int64_t kMlpDim = 256;
+tdc::nn::ModulePtr make_mlp_stack() { return std::make_shared<tdc::fixtures::MLPStack>(kMlpDim); }
+tdc::nn::Tensors mlp_inputs(int64_t b, at::Generator& g) { return {at::randn({b, kMlpDim}, g)}; }
+at::Tensor mlp_target(int64_t b, at::Generator& g) { return at::randn({b, kMlpDim}, g); }
+void shard_mlp_stack(tdc::nn::Module& model) {
+  for (auto& [name, child] : model.named_children_tdc()) tdc::fsdp::fully_shard(*child);
+  tdc::fsdp::fully_shard(model);
+}
+
+tdc::fixtures::ModelArgs transformer_args() {
+  tdc::fixtures::ModelArgs a;
+  a.n_layers = 2;
+  a.vocab_size = 512;
+  a.max_seq_len = 64;
+  a.dim = 128;
+  a.n_heads = 4;
+  a.dropout_p = 0.0;
+  return a;
+}
+tdc::nn::ModulePtr make_transformer() { return std::make_shared<tdc::fixtures::Transformer>(transformer_args()); }
+tdc::nn::Tensors tf_inputs(int64_t b, at::Generator& g) {
+  auto a = transformer_args();
+  return {at::randint(a.vocab_size, {b, a.max_seq_len}, g)};
+}
+at::Tensor tf_target(int64_t b, at::Generator& g) {
+  auto a = transformer_args();
+  return at::randint(a.vocab_size, {b, a.max_seq_len}, g);
+}
+void shard_transformer(tdc::nn::Module& model) {
+  for (auto& [name, block] : model.child("layers").named_children_tdc()) tdc::fsdp::fully_shard(*block);
+  tdc::fsdp::fully_shard(model);
+}
+
+at::Tensor loss_of(const at::Tensor& y, const at::Tensor& target) {
+  if (target.scalar_type() == at::kLong) return at::cross_entropy_loss(y.flatten(0, 1), target.flatten());
+  return at::mse_loss(y, target);
+}
+
+const json kMlpConfig = {{"mlp_dim", kMlpDim}, {"loss", "mse"}};
+const json kTfConfig = {{"n_layers", 2}, {"vocab_size", 512}, {"max_seq_len", 64}, {"dim", 128},
+                        {"n_heads", 4},  {"dropout_p", 0.0},  {"weight_tying", true},
+                        {"loss", "cross_entropy"}};
+
+const ModelCase kModels[] = {
+    {"MLPStack", 64, &make_mlp_stack, &mlp_inputs, &mlp_target, &shard_mlp_stack, kMlpConfig},
+    {"Transformer", 16, &make_transformer, &tf_inputs, &tf_target, &shard_transformer, kTfConfig},
+};
+
+enum class Mode { Single, Ddp, Fsdp };
+const char* mode_name(Mode m) { return m == Mode::Single ? "single" : m == Mode::Ddp ? "ddp" : "fsdp"; }
+
+// One case on the calling rank; rank 0 writes {"step_ms", "params", "p90_ms"} to `result`.
+void run_case(const ModelCase& m, Mode mode, int repeat, const std::string& result) {
+  auto group = tdc::conformance::world();
+  const int world = group->size(), rank = group->rank();
+  at::manual_seed(1234);  // the same initial weights on every rank
+  tdc::nn::ModulePtr model = m.make();
+  int64_t numel = 0;
+  for (const auto& p : model->params()) numel += p.numel();  // before sharding: the full model
+  std::shared_ptr<tdc::ddp::DistributedDataParallel> ddp;
+  tdc::nn::Module* call = model.get();
+  if (mode == Mode::Ddp) {
+    ddp = std::make_shared<tdc::ddp::DistributedDataParallel>(model, group);
+    call = ddp.get();
+  } else if (mode == Mode::Fsdp) {
+    m.shard(*model);
+  }
+  const int64_t local_batch = m.global_batch / world;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(4321 + rank);
+  tdc::nn::Tensors inputs = m.inputs(local_batch, gen);
+  at::Tensor target = m.target(local_batch, gen);
+  torch::optim::SGD opt(model->params(), torch::optim::SGDOptions(kLr));
+
+  std::vector<double> ms;
+  if (world > 1) tdc::comm::barrier(group);
+  for (int i = 0; i < kWarmup + repeat; ++i) {
+    auto t0 = Clock::now();
+    at::Tensor loss = loss_of((*call)(inputs).at(0), target);
+    loss.backward();
+    opt.step();
+    opt.zero_grad(/*set_to_none=*/true);
+    double t = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    if (i >= kWarmup) ms.push_back(t);
+  }
+  if (rank != 0) return;
+  json r = {{"step_ms", tdc::bench::median(ms)}, {"p90_ms", tdc::bench::percentile(ms, 0.9)},
+            {"params", numel}};
+  std::ofstream(result) << r.dump() << "\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const tdc::bench::Args args = tdc::bench::parse_args(argc, argv, "tdc_bench_fsdp", 10, "timed steps per case");
+  const std::string& out_path = args.out;
+  const int repeat = args.repeat;
+
+  std::string dir_template = "/tmp/tdc-bench-fsdp-" + std::string(6, 'X');  // mkdtemp's pattern
+  if (!::mkdtemp(dir_template.data())) {
+    fmt::print(stderr, "tdc_bench_fsdp: cannot create a temp dir: {}\n", std::strerror(errno));
+    return 1;
+  }
+  const fs::path dir = dir_template;
+  const int total = static_cast<int>(std::size(kModels) * (1 + 2 * std::size(kWorldSizes)));
+  int done = 0;
+  auto bench_start = Clock::now();
+  std::string started_at = tdc::harness::iso_now();
+
+  // Runs one case in a fresh world; returns rank 0's result or prints why it failed.
+  auto run = [&](const ModelCase& m, int world, Mode mode) -> std::optional<json> {
+    std::string result = (dir / fmt::format("{}-{}-{}.json", m.name, mode_name(mode), world)).string();
+    tdc::harness::LaunchSpec spec;
+    spec.suite = "FSDPBench";
+    spec.name = fmt::format("{}_{}_{}", m.name, mode_name(mode), world);
+    spec.world_size = world;
+    spec.launcher = tdc::harness::Launcher::Fork;
+    spec.timeout_s = 120 + 2.0 * repeat;
+    fmt::print(stderr, "[tdc {}/{}] {:<11} {:<6} world {} ... ", done + 1, total, m.name, mode_name(mode),
+               world);
+    auto t0 = Clock::now();
+    tdc::harness::Outcome o = tdc::harness::launch(spec, [&] { run_case(m, mode, repeat, result); });
+    ++done;
+    if (o.status != tdc::harness::Status::Pass) {
+      fmt::print(stderr, "{}: {}\n", tdc::harness::to_string(o.status), o.message);
+      return std::nullopt;
+    }
+    std::ifstream in(result);
+    json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.contains("step_ms")) {
+      fmt::print(stderr, "no result written\n");
+      return std::nullopt;
+    }
+    fmt::print(stderr, "{:.2f} ms/step  ({:.1f} s)\n", j["step_ms"].get<double>(),
+               std::chrono::duration<double>(Clock::now() - t0).count());
+    return j;
+  };
+
+  json cases = json::object(), models = json::object();
+  bool ok = true;
+  for (const ModelCase& m : kModels) {
+    auto single = run(m, 1, Mode::Single);
+    if (!single) { ok = false; break; }
+    double single_ms = (*single)["step_ms"].get<double>();
+    models[m.name] = {{"global_batch", m.global_batch}, {"params", (*single)["params"]},
+                      {"single_step_ms", single_ms}, {"config", m.config}};
+    for (int world : kWorldSizes) {
+      auto d = run(m, world, Mode::Ddp);
+      auto f = d ? run(m, world, Mode::Fsdp) : std::nullopt;
+      if (!d || !f) { ok = false; break; }
+      cases[m.name][std::to_string(world)] = {{"local_batch", m.global_batch / world},
+                                              {"single_step_ms", single_ms},
+                                              {"ddp_step_ms", (*d)["step_ms"]},
+                                              {"tdc_fsdp_step_ms", (*f)["step_ms"]},
+                                              {"tdc_fsdp_p90_ms", (*f)["p90_ms"]}};
+    }
+    if (!ok) break;
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  if (!ok) return 1;
+
+  json out = {
+      {"cases", cases},
+      {"models", models},
+      {"world_sizes", kWorldSizes},
+      {"repeat", repeat},
+      {"warmup", kWarmup},
+      {"step", "forward + loss + backward + SGD step (lr 1e-3, no momentum), zero_grad(set_to_none)"},
+      {"launcher", "fork"},
+      {"threads_per_rank", 1},
+      {"host", tdc::harness::hostname()},
+      {"cpus", static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN))},
+      {"libtorch_version",
+       fmt::format("{}.{}.{}", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH)},
+      {"started_at", started_at},
+      {"duration_s", std::chrono::duration<double>(Clock::now() - bench_start).count()},
+  };
+  try {
+    fs::path parent = fs::path(out_path).parent_path();
+    if (!parent.empty()) fs::create_directories(parent);
+    tdc::bench::write_atomic(out_path, out.dump(2) + "\n");
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "tdc_bench_fsdp: {}\n", e.what());
+    return 1;
+  }
+  fmt::print(stderr, "-> {}\n", out_path);
+  return 0;
 }

@@ -1,6 +1,11 @@
-// `tdc bench harness` / `tdc bench ddp`: runs a benchmark binary (tdc_bench_harness,
-// tdc_bench_ddp: separate binaries so that their forks start from a clean process) and prints its
-// numbers (the harness's against their targets).
+// `tdc bench harness` / `tdc bench ddp` / `tdc bench fsdp`: runs a benchmark binary
+// (tdc_bench_harness, tdc_bench_ddp, tdc_bench_fsdp: separate binaries so that their forks start
+// from a clean process) and prints its numbers (the harness's against their targets). fsdp also
+// runs the PyTorch side (tools/bench/fsdp_pytorch.py, the venv's python), merges both into one
+// JSON and plots it (tools/bench/fsdp_plot.py -> the JSON's name with .png).
+#include <unistd.h>
+
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 
@@ -14,26 +19,35 @@ namespace tdc::cli {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using ojson = nlohmann::ordered_json;
 
 namespace {
 
 const std::vector<OptionSpec> kBenchOptions = {
     {"out", "FILE", "where the benchmark writes its JSON (default results/bench-NAME.json)"},
     {"repeat", "N", "harness: timed launches per case and launcher (default 20; the smoke test "
-                    "uses 3); ddp: timed steps per case (default 10)"},
+                    "uses 3); ddp, fsdp: timed steps per case (default 10)"},
     {"build-dir", "DIR", "build directory (default $TDC_BUILD)"},
+    {"python", "PY", "fsdp: the python with torch 2.13 and matplotlib (default $TDC_VENV/bin/python, "
+                     "else SOURCE/.venv/bin/python)"},
 };
 
 constexpr const char* kBenchUsage =
     "usage: tdc bench harness [--out FILE] [--repeat N]\n"
-    "       tdc bench ddp [--out FILE] [--repeat N]\n\n"
+    "       tdc bench ddp [--out FILE] [--repeat N]\n"
+    "       tdc bench fsdp [--out FILE] [--repeat N] [--python PY]\n\n"
     "harness: times tdc::harness::launch() for 4-rank tests (cases 'empty' and 'all_reduce',\n"
     "launchers fork and thread): wall time per test including process/thread start, rendezvous,\n"
     "body and teardown. JSON: docs/results-schema.md, 'Harness benchmark'.\n"
     "ddp: DistributedDataParallel step time against single-process training on the same global\n"
     "batch (models MLPStack and Transformer, world sizes 2 and 4, fork launcher). JSON:\n"
     "docs/results-schema.md, 'DDP benchmark'.\n"
-    "Both show progress, write JSON and print a table.\n\n"
+    "fsdp: step time of tdc's FSDP2 (fully_shard per block + root) against PyTorch 2.13's own\n"
+    "fully_shard (run with the venv's python on the same models, batches, step and world size),\n"
+    "tdc DDP and single-process training (MLPStack and Transformer, world sizes 2 and 4). Writes\n"
+    "the JSON and a PNG plot next to it (same name, .png). JSON: docs/results-schema.md, 'FSDP\n"
+    "benchmark'.\n"
+    "All show progress, write JSON and print a table.\n\n"
     "Options:\n";
 
 double number_at(const json& j, const fs::path& file, const std::string& key) {
@@ -121,6 +135,184 @@ int print_ddp(const json& j, const fs::path& out) {
   return kExitOk;
 }
 
+// ------------------------------------------------------------------ fsdp: tdc + PyTorch, merged
+
+// Runs a python script to completion (stderr/stdout inherited: its progress shows); returns the
+// CLI exit status (kExitOk on success).
+int run_python(const std::vector<std::string>& argv) {
+  SpawnOptions so;
+  so.argv = argv;
+  Child child = Child::spawn(so);
+  int status = child.wait();
+  if (interrupted()) return kExitInterrupted;
+  if (exit_code(status) != 0) {
+    fmt::print(stderr, "tdc bench: '{} {}' failed: {}\n", argv[0], argv.size() > 1 ? argv[1] : "",
+               describe_exit(status));
+    return kExitFailed;
+  }
+  return kExitOk;
+}
+
+ojson read_json(const fs::path& file) {
+  std::ifstream in(file);
+  if (!in) throw std::runtime_error(fmt::format("benchmark output '{}' was not written", file.string()));
+  try {
+    return ojson::parse(in);
+  } catch (const ojson::parse_error& e) {
+    throw std::runtime_error(fmt::format("benchmark output '{}' is not valid JSON: {}", file.string(), e.what()));
+  }
+}
+
+double number_in(const ojson& j, const fs::path& file, const std::string& where, const std::string& key) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number())
+    throw std::runtime_error(fmt::format("benchmark output '{}': field '{}.{}' is missing or not a number",
+                                         file.string(), where, key));
+  return j[key].get<double>();
+}
+
+// tdc's JSON (tdc_bench_fsdp) + PyTorch's (fsdp_pytorch.py) -> the merged result.
+ojson merge_fsdp(const ojson& t, const fs::path& tdc_file, const ojson& py, const fs::path& py_file) {
+  ojson out = ojson::object();
+  out["target"] = "tdc_fsdp_step_ms <= pytorch_fsdp_step_ms in every case (ratio <= 1)";
+  ojson cases = ojson::object();
+  bool met = true;
+  double worst = 0;
+  for (const auto& [model, worlds] : t.at("cases").items()) {
+    for (const auto& [world, c] : worlds.items()) {
+      const std::string where = fmt::format("cases.{}.{}", model, world);
+      if (!py.contains("cases") || !py["cases"].contains(model) || !py["cases"][model].contains(world))
+        throw std::runtime_error(fmt::format("PyTorch output '{}' has no case {}", py_file.string(), where));
+      const ojson& p = py["cases"][model][world];
+      double tdc_ms = number_in(c, tdc_file, where, "tdc_fsdp_step_ms");
+      double py_ms = number_in(p, py_file, where, "fsdp_step_ms");
+      if (p.value("local_batch", -1) != c.value("local_batch", -2))
+        throw std::runtime_error(fmt::format("{}: tdc and PyTorch ran different per-rank batches", where));
+      ojson m = c;
+      m["pytorch_fsdp_step_ms"] = py_ms;
+      m["pytorch_fsdp_p90_ms"] = p.value("fsdp_p90_ms", 0.0);
+      double ratio = py_ms > 0 ? tdc_ms / py_ms : 0.0;
+      m["ratio"] = ratio;
+      met = met && ratio <= 1.0;
+      worst = std::max(worst, ratio);
+      cases[model][world] = m;
+    }
+  }
+  out["target_met"] = met;
+  out["worst_ratio"] = worst;
+  out["cases"] = cases;
+  ojson models = t.at("models");
+  for (auto& [model, m] : models.items()) {
+    if (!py.contains("models") || !py["models"].contains(model)) continue;
+    const ojson& p = py["models"][model];
+    m["pytorch_single_step_ms"] = p.value("single_step_ms", 0.0);
+    m["pytorch_params"] = p.value("params", 0);
+    if (p.value("params", -1) != m.value("params", -2))
+      throw std::runtime_error(fmt::format("model {}: tdc has {} parameters, PyTorch {}: not the same model",
+                                           model, m.value("params", 0), p.value("params", 0)));
+    if (p.value("global_batch", -1) != m.value("global_batch", -2))
+      throw std::runtime_error(fmt::format("model {}: tdc and PyTorch ran different global batches", model));
+  }
+  out["models"] = models;
+  for (const auto& [key, v] : t.items())
+    if (key != "cases" && key != "models") out[key] = v;
+  ojson pyinfo = ojson::object();
+  for (const auto& [key, v] : py.items())
+    if (key != "cases" && key != "models") pyinfo[key] = v;
+  out["pytorch"] = pyinfo;
+  out["torch_version"] = py.value("torch_version", std::string("?"));
+  return out;
+}
+
+int print_fsdp(const ojson& j, const fs::path& out, const fs::path& png) {
+  fmt::print("\nFSDP benchmark: host {} ({} CPUs), LibTorch {} vs torch {}, {} timed steps per case "
+             "(median of rank 0), {} ATen thread(s) per rank\n",
+             j.value("host", std::string("?")), j.value("cpus", 0),
+             j.value("libtorch_version", std::string("?")), j.value("torch_version", std::string("?")),
+             j.value("repeat", 0), j.value("threads_per_rank", 0));
+  fmt::print("{:<12} {:>5} {:>10} {:>10} {:>13} {:>13} {:>7}\n", "model", "world", "single_ms", "ddp_ms",
+             "tdc_fsdp_ms", "torch_fsdp_ms", "ratio");
+  for (const auto& [model, worlds] : j["cases"].items()) {
+    for (const auto& [world, c] : worlds.items()) {
+      double r = c.value("ratio", 0.0);
+      fmt::print("{:<12} {:>5} {:>10.2f} {:>10.2f} {:>13.2f} {:>13.2f} {:>7.2f}{}\n", model, world,
+                 c.value("single_step_ms", 0.0), c.value("ddp_step_ms", 0.0),
+                 c.value("tdc_fsdp_step_ms", 0.0), c.value("pytorch_fsdp_step_ms", 0.0), r,
+                 r <= 1.0 ? "" : "  (> 1)");
+    }
+  }
+  const int cpus = j.value("cpus", 0);
+  fmt::print("\nratio = tdc FSDP2 step / PyTorch fully_shard step (same model, batch, step, world size)\n"
+             "target: ratio <= 1 in every case: {} (worst {:.2f})\n",
+             j.value("target_met", false) ? "met" : "NOT met", j.value("worst_ratio", 0.0));
+  if (cpus > 0 && cpus < 4)
+    fmt::print("note: {} CPUs here, so world size 4 oversubscribes the cores\n", cpus);
+  fmt::print("written to {}\n           {}\n", out.string(), png.string());
+  return kExitOk;
+}
+
+int bench_fsdp(const ParsedArgs& a, const fs::path& build, const fs::path& out, std::optional<int> repeat) {
+  // Everything the PyTorch side needs is checked before the (long) tdc run.
+  fs::path source = resolve_source_dir(build);
+  fs::path python;
+  if (auto p = a.get("python")) {
+    python = *p;
+  } else if (const char* env = std::getenv("TDC_VENV"); env && *env) {
+    python = fs::path(env) / "bin" / "python";
+  } else if (!source.empty()) {
+    python = source / ".venv" / "bin" / "python";
+  }
+  if (python.empty() || ::access(python.c_str(), X_OK) != 0)
+    throw UsageError(fmt::format(
+        "bench fsdp: no python for the PyTorch side{}: run ./tdc setup (it creates .venv with torch "
+        "2.13 and matplotlib) or pass --python PY",
+        python.empty() ? "" : fmt::format(" ('{}' is not an executable)", python.string())));
+  if (source.empty())
+    throw UsageError("bench fsdp: cannot find the source directory (tools/bench/): set TDC_ROOT");
+  const fs::path runner = source / "tools" / "bench" / "fsdp_pytorch.py";
+  const fs::path plotter = source / "tools" / "bench" / "fsdp_plot.py";
+  for (const fs::path& f : {runner, plotter})
+    if (!fs::is_regular_file(f))
+      throw UsageError(fmt::format("bench fsdp: '{}' does not exist (TDC_ROOT / --build-dir point at "
+                                   "the wrong tree?)", f.string()));
+  const int n = repeat.value_or(10);
+  fs::create_directories(out.parent_path());
+  const fs::path tdc_file = out.string() + ".tdc.tmp";
+  const fs::path py_file = out.string() + ".pytorch.tmp";
+  fs::path png = out;
+  png.replace_extension(".png");
+  struct Cleanup {
+    std::vector<fs::path> files;
+    ~Cleanup() {
+      std::error_code ec;
+      for (const auto& f : files) fs::remove(f, ec);
+    }
+  } cleanup{{tdc_file, py_file}};
+
+  int status = kExitOk;
+  fmt::print(stderr, "tdc bench fsdp: tdc side ({})\n", (build / "tdc_bench_fsdp").string());
+  if (!run_benchmark(build, "tdc_bench_fsdp", tdc_file, n, &status)) return status;
+  const ojson t = read_json(tdc_file);
+  fmt::print(stderr, "tdc bench fsdp: PyTorch side ({} {})\n", python.string(), runner.string());
+  status = run_python({python.string(), runner.string(), "--out", py_file.string(), "--repeat",
+                       std::to_string(n), "--warmup", std::to_string(t.value("warmup", 3))});
+  if (status != kExitOk) return status;
+  const ojson merged = merge_fsdp(t, tdc_file, read_json(py_file), py_file);
+  {
+    const fs::path tmp = out.string() + ".tmp";
+    std::ofstream o(tmp, std::ios::trunc);
+    o << merged.dump(2) << "\n";
+    o.close();
+    if (!o) throw std::runtime_error(fmt::format("cannot write '{}'", tmp.string()));
+    fs::rename(tmp, out);
+  }
+  status = run_python({python.string(), plotter.string(), "--json", out.string(), "--png", png.string()});
+  if (status != kExitOk) {
+    fmt::print(stderr, "tdc bench fsdp: the JSON is written ({}), the plot is not\n", out.string());
+    return status;
+  }
+  return print_fsdp(merged, out, png);
+}
+
 }  // namespace
 
 int bench_command(const std::vector<std::string>& args) {
@@ -130,14 +322,18 @@ int bench_command(const std::vector<std::string>& args) {
     return a.help ? kExitOk : kExitUsage;
   }
   const std::string name = a.positional.size() == 1 ? a.positional[0] : "";
-  if (name != "harness" && name != "ddp")
-    throw UsageError(fmt::format("bench: unknown benchmark '{}' (available: harness, ddp)",
+  if (name != "harness" && name != "ddp" && name != "fsdp")
+    throw UsageError(fmt::format("bench: unknown benchmark '{}' (available: harness, ddp, fsdp)",
                                  fmt::join(a.positional, " ")));
   fs::path build = resolve_build_dir(a.get("build-dir"));
   fs::path out = fs::absolute(a.get("out").value_or(fmt::format("results/bench-{}.json", name)));
   std::optional<int> repeat;
   if (auto v = a.get("repeat")) repeat = parse_positive_int("bench", "repeat", *v);
   if (name == "harness" && !repeat) repeat = 20;
+
+  if (name != "fsdp" && a.get("python"))
+    throw UsageError("bench: --python is an option of 'tdc bench fsdp' only");
+  if (name == "fsdp") return bench_fsdp(a, build, out, repeat);
 
   int status = kExitOk;
   std::optional<json> j = run_benchmark(build, "tdc_bench_" + name, out, repeat, &status);
