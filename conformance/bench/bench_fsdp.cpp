@@ -113,13 +113,26 @@ const ModelCase kModels[] = {
     {"Transformer", 16, &make_transformer, &tf_inputs, &tf_target, &shard_transformer, kTfConfig},
 };
 
-enum class Mode { Single, Ddp, Fsdp };
-const char* mode_name(Mode m) { return m == Mode::Single ? "single" : m == Mode::Ddp ? "ddp" : "fsdp"; }
+// FsdpNoChecks: FSDP2 with tdc's cross-rank collective argument checks off (comm::
+// set_argument_checks(false), what TDC_COMM_CHECKS=0 does). They are on by default and cost one
+// small extra exchange per collective; PyTorch has no such check unless TORCH_DISTRIBUTED_DEBUG
+// is set, so this case shows how much of tdc's step they are.
+enum class Mode { Single, Ddp, Fsdp, FsdpNoChecks };
+const char* mode_name(Mode m) {
+  switch (m) {
+    case Mode::Single: return "single";
+    case Mode::Ddp: return "ddp";
+    case Mode::Fsdp: return "fsdp";
+    case Mode::FsdpNoChecks: return "fsdp-nochecks";
+  }
+  return "?";
+}
 
 // One case on the calling rank; rank 0 writes {"step_ms", "params", "p90_ms"} to `result`.
 void run_case(const ModelCase& m, Mode mode, int repeat, const std::string& result) {
   auto group = tdc::conformance::world();
   const int world = group->size(), rank = group->rank();
+  tdc::comm::set_argument_checks(mode != Mode::FsdpNoChecks);
   at::manual_seed(1234);  // the same initial weights on every rank
   tdc::nn::ModulePtr model = m.make();
   int64_t numel = 0;
@@ -129,7 +142,7 @@ void run_case(const ModelCase& m, Mode mode, int repeat, const std::string& resu
   if (mode == Mode::Ddp) {
     ddp = std::make_shared<tdc::ddp::DistributedDataParallel>(model, group);
     call = ddp.get();
-  } else if (mode == Mode::Fsdp) {
+  } else if (mode == Mode::Fsdp || mode == Mode::FsdpNoChecks) {
     m.shard(*model);
   }
   const int64_t local_batch = m.global_batch / world;
@@ -168,7 +181,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const fs::path dir = dir_template;
-  const int total = static_cast<int>(std::size(kModels) * (1 + 2 * std::size(kWorldSizes)));
+  const int total = static_cast<int>(std::size(kModels) * (1 + 3 * std::size(kWorldSizes)));
   int done = 0;
   auto bench_start = Clock::now();
   std::string started_at = tdc::harness::iso_now();
@@ -182,7 +195,7 @@ int main(int argc, char** argv) {
     spec.world_size = world;
     spec.launcher = tdc::harness::Launcher::Fork;
     spec.timeout_s = 120 + 2.0 * repeat;
-    fmt::print(stderr, "[tdc {}/{}] {:<11} {:<6} world {} ... ", done + 1, total, m.name, mode_name(mode),
+    fmt::print(stderr, "[tdc {}/{}] {:<11} {:<13} world {} ... ", done + 1, total, m.name, mode_name(mode),
                world);
     auto t0 = Clock::now();
     tdc::harness::Outcome o = tdc::harness::launch(spec, [&] { run_case(m, mode, repeat, result); });
@@ -213,12 +226,14 @@ int main(int argc, char** argv) {
     for (int world : kWorldSizes) {
       auto d = run(m, world, Mode::Ddp);
       auto f = d ? run(m, world, Mode::Fsdp) : std::nullopt;
-      if (!d || !f) { ok = false; break; }
+      auto fn = f ? run(m, world, Mode::FsdpNoChecks) : std::nullopt;
+      if (!d || !f || !fn) { ok = false; break; }
       cases[m.name][std::to_string(world)] = {{"local_batch", m.global_batch / world},
                                               {"single_step_ms", single_ms},
                                               {"ddp_step_ms", (*d)["step_ms"]},
                                               {"tdc_fsdp_step_ms", (*f)["step_ms"]},
-                                              {"tdc_fsdp_p90_ms", (*f)["p90_ms"]}};
+                                              {"tdc_fsdp_p90_ms", (*f)["p90_ms"]},
+                                              {"tdc_fsdp_nochecks_step_ms", (*fn)["step_ms"]}};
     }
     if (!ok) break;
   }
@@ -235,6 +250,7 @@ int main(int argc, char** argv) {
       {"step", "forward + loss + backward + SGD step (lr 1e-3, no momentum), zero_grad(set_to_none)"},
       {"launcher", "fork"},
       {"threads_per_rank", 1},
+      {"comm_argument_checks", "on (tdc's default) except in tdc_fsdp_nochecks_step_ms"},
       {"host", tdc::harness::hostname()},
       {"cpus", static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN))},
       {"libtorch_version",
