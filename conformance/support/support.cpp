@@ -10,7 +10,8 @@ namespace {
 // report NOT_SUPPORTED (docs/plugging-in.md). Grows with each issue that lands a component.
 const bool declared = [] {
   harness::declare_capabilities("tdc", {"comm", "device_mesh", "dtensor", "tp", "ddp", "ddp.tp_pre_transform", "fsdp2",
-                                          "fsdp2.cpu_offload", "fsdp2.mixed_precision", "fsdp2.hsdp"});
+                                          "fsdp2.cpu_offload", "fsdp2.mixed_precision", "fsdp2.hsdp",
+                                          "fsdp2.all_gather_extensions"});
   return true;
 }();
 }  // namespace

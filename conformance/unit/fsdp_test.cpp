@@ -457,6 +457,17 @@ TDC_DIST_TEST(FSDPTest, BadInput, .world_size = 2) {
               HasSubstr("shard_placement_fn gave Shard(5) for 'in_proj.weight' with 2 dims"));
   EXPECT_FALSE(fsdp::is_fully_sharded(model->child("1")));
 
+  // Extensions: incomplete, or for a parameter no fully_shard'ed module owns.
+  fsdp::AllGatherExtension incomplete;
+  incomplete.pre_all_gather_v1 = [](const at::Tensor& t, const DeviceMesh&) { return fsdp::PreAllGatherResult{{t}, nullptr}; };
+  EXPECT_THAT(error_of([&] { fsdp::set_all_gather_extension(*model, "0.in_proj.weight", incomplete); }),
+              HasSubstr("needs post_all_gather"));
+  incomplete.post_all_gather = [](const std::vector<at::Tensor>& o, const std::shared_ptr<void>&, at::ScalarType,
+                                  at::Tensor*) { return fsdp::PostAllGatherResult{o[0], {}}; };
+  EXPECT_THAT(error_of([&] { fsdp::set_all_gather_extension(*model, "2.in_proj.weight", incomplete); }),
+              HasSubstr("parameter '2.in_proj.weight' of MLPStack is not sharded by a fully_shard'ed module"));
+  EXPECT_THAT(error_of([&] { fsdp::set_all_gather_extension(*model, "0.nope.weight", incomplete); }), HasSubstr("nope"));
+
   // An optimizer step between forward and backward.
   auto m2 = make_model("mlp");
   shard_model(*m2, "mlp", {});

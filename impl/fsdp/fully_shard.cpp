@@ -79,11 +79,17 @@ struct FSDPParam {
   int64_t gathered_version = -1;  // shard version the unsharded data was gathered from
   at::Tensor grad_accum;          // unsharded gradient accumulated without sync
   tensor::DTensorSpec spec;
+  // All-gather extension (set_all_gather_extension): the gathered buffers are kept (same
+  // storage every time: post_all_gather refills `unsharded` from them).
+  std::shared_ptr<AllGatherExtension> ext;
+  std::vector<at::Tensor> ext_outputs, ext_to_free;
+  std::shared_ptr<void> ext_meta;
 };
 
 struct ParamGroup {
   std::vector<FSDPParam> params;
   DeviceMesh mesh{std::shared_ptr<const DeviceMesh::State>()};
+  DeviceMesh shard_mesh{std::shared_ptr<const DeviceMesh::State>()};  // the 1-D shard dim of `mesh`
   comm::GroupPtr shard_pg, replicate_pg;
   int64_t shard_size = 1, shard_rank = 0, replicate_size = 1;
   MixedPrecisionPolicy mp;
@@ -101,7 +107,9 @@ struct ParamGroup {
   // dtype buckets: params with the same unsharded dtype share one collective.
   std::map<at::ScalarType, std::vector<size_t>> buckets() const {
     std::map<at::ScalarType, std::vector<size_t>> b;
-    for (size_t i = 0; i < params.size(); ++i) b[params[i].param_dtype].push_back(i);
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!params[i].ext) b[params[i].param_dtype].push_back(i);
+    }
     return b;
   }
 
@@ -113,8 +121,74 @@ struct ParamGroup {
     return true;
   }
 
+  // An extension parameter: pre_all_gather, then one all-gather per returned tensor into the
+  // kept buffers (synchronous; copied in without a version bump: autograd saved aliases).
+  void gather_extension(FSDPParam& p) {
+    std::vector<int64_t> stride(p.local_shape.size(), 1);
+    for (int64_t d = static_cast<int64_t>(p.local_shape.size()) - 2; d >= 0; --d) stride[d] = stride[d + 1] * p.local_shape[d + 1];
+    at::Tensor local = p.shard.detach();
+    PreAllGatherResult pre = p.ext->pre_all_gather
+                                 ? p.ext->pre_all_gather(local, shard_mesh, p.local_shape, stride, *p.uses[0].first, mp)
+                                 : p.ext->pre_all_gather_v1(local, shard_mesh);
+    p.ext_meta = pre.metadata;
+    p.gathered_version = p.shard._version();
+    bool fresh = p.ext_outputs.size() != pre.tensors.size();
+    for (size_t j = 0; !fresh && j < pre.tensors.size(); ++j) {
+      fresh = p.ext_outputs[j].size(0) != pre.tensors[j].size(0) * shard_size ||
+              p.ext_outputs[j].scalar_type() != pre.tensors[j].scalar_type();
+    }
+    if (fresh) {
+      p.ext_outputs.clear();
+      p.unsharded = at::Tensor();  // post_all_gather starts over (first call, no `out`)
+    }
+    for (size_t j = 0; j < pre.tensors.size(); ++j) {
+      at::Tensor in = pre.tensors[j].contiguous();
+      std::vector<int64_t> shape = in.sizes().vec();
+      if (shape.empty()) {
+        throw std::invalid_argument(fmt::format("fully_shard: pre_all_gather of '{}' returned a scalar", p.fqn));
+      }
+      shape[0] *= shard_size;
+      if (fresh) p.ext_outputs.push_back(at::empty(shape, in.options()));
+      alloc_storage(p.ext_outputs[j]);
+      if (shard_size == 1) {
+        copy_quietly(p.ext_outputs[j], in);
+      } else {
+        at::Tensor out = at::empty(shape, in.options());
+        comm::all_gather_into_tensor(out, in, shard_pg);
+        copy_quietly(p.ext_outputs[j], out);
+      }
+    }
+  }
+
+  void finish_extension(FSDPParam& p) {
+    const bool first = !p.unsharded.defined();
+    if (!first) alloc_storage(p.unsharded);
+    PostAllGatherResult r = p.ext->post_all_gather(p.ext_outputs, p.ext_meta, p.param_dtype, first ? nullptr : &p.unsharded);
+    if (first) {
+      at::Tensor u = r.unsharded;
+      if (!u.defined()) {
+        throw std::runtime_error(fmt::format("fully_shard: post_all_gather of '{}' returned no tensor", p.fqn));
+      }
+      if (u.dim() == static_cast<int64_t>(p.local_shape.size()) && u.size(0) > p.local_shape[0]) {
+        u = u.narrow(0, 0, p.local_shape[0]);
+      }
+      if (u.sizes().vec() != p.local_shape || u.scalar_type() != p.param_dtype) {
+        throw std::runtime_error(fmt::format(
+            "fully_shard: post_all_gather of '{}' returned a {} tensor of shape [{}]; the parameter is {} [{}]", p.fqn,
+            c10::toString(u.scalar_type()), fmt::join(u.sizes(), ", "), c10::toString(p.param_dtype),
+            fmt::join(p.local_shape, ", ")));
+      }
+      p.unsharded = u;
+      p.ext_to_free = r.to_free;
+    }
+    mem_add(p.unsharded.numel() * p.unsharded.element_size());
+  }
+
   void start_all_gather(bool async_op) {
     if (pending || params.empty()) return;
+    for (auto& p : params) {
+      if (p.ext) gather_extension(p);
+    }
     Pending pend;
     for (auto& [dtype, idx] : buckets()) {
       int64_t total = 0;
@@ -152,6 +226,9 @@ struct ParamGroup {
   void finish_all_gather() {
     if (!pending) return;
     pending->work.wait();
+    for (auto& p : params) {
+      if (p.ext) finish_extension(p);
+    }
     for (auto& [idx, out] : pending->outs) {
       int64_t total = 0;
       for (size_t i : idx) total += params[i].padded * params[i].row_numel;
@@ -205,6 +282,10 @@ struct ParamGroup {
         mem_add(-(p.unsharded.numel() * p.unsharded.element_size()));
         free_storage(p.unsharded);
       }
+      for (const auto& t : p.ext_to_free) {
+        if (t.defined()) free_storage(t);
+      }
+      for (const auto& t : p.ext_outputs) free_storage(t);
       for (auto& [m, name] : p.uses) m->clear_param_substitute(name);
     }
     unsharded = false;
@@ -520,7 +601,8 @@ FSDPModule fully_shard(nn::Module& module, const FullyShardOptions& options) {
                                               "parameters can be sharded (list it in ignored_params)",
                                               module.type_name(), fqn, c10::toString(t.scalar_type())));
     }
-    if (t.device().type() != c10::Device(mesh.device_type()).type() && !options.offload_policy.cpu_offload) {
+    if (t.device().type() != c10::Device(mesh.device_type()).type() && !t.is_meta() &&
+        !options.offload_policy.cpu_offload) {
       throw std::invalid_argument(fmt::format("fully_shard on '{}': parameter '{}' is on {} but the mesh is on {}",
                                               module.type_name(), fqn, t.device().str(), mesh.device_type()));
     }
@@ -569,6 +651,7 @@ FSDPModule fully_shard(nn::Module& module, const FullyShardOptions& options) {
   g.mp = options.mp_policy;
   g.offload = options.offload_policy;
   g.shard_pg = mesh.get_group(shard_dim_of_mesh);
+  g.shard_mesh = mesh.ndim() == 2 ? mesh.select_dims({1}) : mesh;
   g.shard_size = n;
   g.shard_rank = me;
   if (mesh.ndim() == 2) {
@@ -591,14 +674,14 @@ FSDPModule fully_shard(nn::Module& module, const FullyShardOptions& options) {
     p.requires_grad = pl.tensor.requires_grad();
     at::Tensor src = pl.tensor.detach();
     // Ranks must agree on the values: the shard of rank 0's tensor (as PyTorch's init broadcast).
-    if (!pl.tp_spec) {
+    if (!pl.tp_spec && !src.is_meta()) {
       src = src.clone();
       if (mesh.size() > 1) {
         for (int64_t d = 0; d < mesh.ndim(); ++d) comm::broadcast(src, 0, mesh.get_group(d));
       }
     }
     p.shard = src.narrow(p.dim, cr.offset, cr.size).clone(at::MemoryFormat::Contiguous);
-    if (options.offload_policy.cpu_offload) p.shard = p.shard.to(at::kCPU);
+    if (options.offload_policy.cpu_offload && !p.shard.is_meta()) p.shard = p.shard.to(at::kCPU);
     p.shard.requires_grad_(p.requires_grad);
     // The spec.
     tensor::DTensorSpec spec;
@@ -702,6 +785,77 @@ void FSDPModule::set_modules_to_backward_prefetch(const std::vector<nn::Module*>
   for (nn::Module* m : modules) as_fsdp(*m);
   state_->backward_prefetch = modules;
 }
+void set_all_gather_extension(nn::Module& module, const std::string& fqn, AllGatherExtension extension) {
+  if (!extension.post_all_gather || (!extension.pre_all_gather && !extension.pre_all_gather_v1)) {
+    throw std::invalid_argument(fmt::format(
+        "set_all_gather_extension('{}'): an extension needs post_all_gather and pre_all_gather (or pre_all_gather_v1)", fqn));
+  }
+  auto [owner, name] = module.owner_of(fqn);  // throws naming the FQN
+  for (auto& [prefix, m] : module.named_modules_tdc()) {
+    auto s = state_of(*m);
+    if (!s) continue;
+    for (auto& p : s->group.params) {
+      for (auto& [um, un] : p.uses) {
+        if (um == owner && un == name) {
+          p.ext = std::make_shared<AllGatherExtension>(std::move(extension));
+          p.ext_outputs.clear();
+          p.ext_to_free.clear();
+          s->group.reshard();
+          p.unsharded = at::Tensor();
+          return;
+        }
+      }
+    }
+  }
+  throw std::invalid_argument(fmt::format(
+      "set_all_gather_extension: parameter '{}' of {} is not sharded by a fully_shard'ed module", fqn, module.type_name()));
+}
+
+void to_empty(nn::Module& module, c10::Device device) {
+  // FSDP shards first (they are registered parameters too), then every other parameter and
+  // buffer; a tensor registered twice (tied) gets one new tensor.
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> replaced;
+  for (auto& [prefix, m] : module.named_modules_tdc()) {
+    auto s = state_of(*m);
+    if (!s) continue;
+    s->group.reshard();
+    for (auto& p : s->group.params) {
+      const c10::Device d = s->group.offload.cpu_offload ? c10::Device(c10::kCPU) : device;
+      at::Tensor fresh = at::empty(p.shard.sizes(), p.shard.options().device(d)).requires_grad_(p.requires_grad);
+      replaced[p.shard.unsafeGetTensorImpl()] = fresh;
+      replaced[fresh.unsafeGetTensorImpl()] = fresh;  // already done: the loop below keeps it
+      p.shard = fresh;
+      for (auto& [um, un] : p.uses) um->replace_param(un, fresh);
+      p.unsharded = at::Tensor();
+      p.ext_outputs.clear();
+      p.ext_to_free.clear();
+      p.gathered_version = -1;
+    }
+  }
+  for (auto& [prefix, m] : module.named_modules_tdc()) {
+    for (const auto& item : m->named_parameters(/*recurse=*/false)) {
+      const at::Tensor& t = item.value();
+      if (!t.defined()) continue;
+      auto it = replaced.find(t.unsafeGetTensorImpl());
+      if (it == replaced.end()) {
+        at::Tensor fresh = at::empty(t.sizes(), t.options().device(device)).requires_grad_(t.requires_grad());
+        it = replaced.emplace(t.unsafeGetTensorImpl(), fresh).first;
+      }
+      if (!it->second.is_same(t)) m->replace_param(item.key(), it->second);
+    }
+    for (const auto& [name, b] : m->named_bufs(/*recurse=*/false)) {
+      // Buffers keep their identity (LibTorch's registry holds them too): set_data, which LibTorch
+      // allows between dense devices but not from meta.
+      if (b.is_meta()) {
+        throw std::invalid_argument(fmt::format(
+            "to_empty: buffer '{}' is on the meta device; tdc can materialise meta parameters but not meta buffers "
+            "(build buffers on a real device)", prefix.empty() ? name : prefix + "." + name));
+      }
+      at::Tensor(b).set_data(at::empty(b.sizes(), b.options().device(device)));
+    }
+  }
+}
+
 void FSDPModule::set_is_last_backward(bool on) { state_->is_last_backward = on; }
 bool FSDPModule::is_last_backward() const { return state_->is_last_backward; }
 

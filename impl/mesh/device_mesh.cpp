@@ -98,6 +98,16 @@ DeviceMesh DeviceMesh::operator[](const std::vector<std::string>& names) const {
           quoted(state_->names)));
     }
   }
+  return select_dims(dims);
+}
+
+DeviceMesh DeviceMesh::select_dims(const std::vector<int64_t>& dims) const {
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] < 0 || dims[i] >= ndim() || (i > 0 && dims[i] <= dims[i - 1])) {
+      throw std::invalid_argument(fmt::format("DeviceMesh::select_dims: dims [{}] must be increasing dims of {}",
+                                              fmt::join(dims, ", "), to_string()));
+    }
+  }
   auto s = std::make_shared<State>();
   s->device_type = state_->device_type;
   s->rank = state_->rank;
@@ -110,7 +120,7 @@ DeviceMesh DeviceMesh::operator[](const std::vector<std::string>& names) const {
   s->mesh = t.contiguous();
   for (int64_t d : dims) {
     s->shape.push_back(state_->shape[d]);
-    s->names.push_back(state_->names[d]);
+    if (!state_->names.empty()) s->names.push_back(state_->names[d]);
     s->groups.push_back(state_->groups[d]);
     s->coord.push_back(state_->coord[d]);
     s->root_dims.push_back(state_->root ? state_->root_dims[d] : d);

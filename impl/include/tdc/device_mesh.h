@@ -33,6 +33,9 @@ class DeviceMesh {
     return (*this)[std::vector<std::string>(names)];
   }
 
+  // The same by dim indices (increasing); works on meshes without dim names.
+  DeviceMesh select_dims(const std::vector<int64_t>& dims) const;
+
   // The group of dim `dim` that contains the calling rank. get_group() is for 1-D meshes.
   comm::GroupPtr get_group(int64_t dim) const;
   comm::GroupPtr get_group(const std::string& name) const;

@@ -1,0 +1,430 @@
+// Conformance: PyTorch's test/distributed/_composable/fsdp/test_fully_shard_extensions.py
+// (shared/spec/conformance-spec.md Part C.3). Same class and method names, same assertions.
+//
+// C++ has no tensor subclasses, so the spec's Part E mapping applies:
+//  * the all-gather extension is registered per parameter (fsdp::set_all_gather_extension)
+//    instead of living on a tensor subclass or an instance attribute;
+//  * TwoTensor is re-created as a "two-buffer parameter" test double: every weight `a` has a
+//    shadow `b` (same shape, kept by the double, keyed by storage), the extension gathers both,
+//    checks `b` arrived equal to `a` where they must be equal, and checks storage aliasing with
+//    data pointers as the original does; the test applies every optimizer update to both;
+//  * BFloat16AllGatherTensor is re-created as an extension with the same pre/post hooks.
+// Launchers: the MultiProcess class runs fork-launched ranks (ws 2); the MultiThread class runs
+// its 8 ranks as threads (the harness's thread launcher), as FSDPTestMultiThread does.
+#include <mutex>
+#include <unordered_map>
+
+#include <ATen/ATen.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <gtest/gtest.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+
+#include "tdc/comm/collectives.h"
+#include "tdc/conformance/support.h"
+#include "tdc/device_mesh.h"
+#include "tdc/fixtures/models.h"
+#include "tdc/fsdp/fully_shard.h"
+#include "tdc/harness/harness.h"
+#include "tdc/harness/subtests.h"
+#include "tdc/nn/layers.h"
+#include "tdc/tensor/module_params.h"
+
+namespace {
+
+using namespace tdc;
+using harness::ctx;
+
+void assert_equal(const at::Tensor& actual, const at::Tensor& expected, const std::string& what) {
+  ASSERT_TRUE(actual.defined() && expected.defined()) << what << ": undefined tensor";
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  at::Tensor a = actual.detach().to(at::kDouble), e = expected.detach().to(at::kDouble);
+  at::Tensor bad = (a - e).abs() > (1e-5 + 1.3e-6 * e.abs());
+  ASSERT_FALSE(bad.any().item<bool>()) << what << ": " << bad.sum().item<int64_t>() << " of " << a.numel()
+                                       << " elements differ; max |diff| " << (a - e).abs().max().item<double>();
+}
+
+// Copy without a version bump (the original's `out` path does this under no_grad on a
+// non-leaf; autograd saved aliases of `dst`).
+void copy_quietly(const at::Tensor& dst, const at::Tensor& src) {
+  at::AutoDispatchBelowADInplaceOrView guard;
+  at::NoGradGuard no_grad;
+  dst.copy_(src);
+}
+
+const c10::StorageImpl* storage_of(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
+
+// ------------------------------------------------------------------ the two-buffer double (TwoTensor)
+
+// Shadows, per rank (thread-local: the MultiThread class runs ranks as threads), keyed by the
+// storage of `a` (stable across FSDP's free / re-allocate and shared by detach()).
+struct TwoBuffers {
+  std::unordered_map<const c10::StorageImpl*, at::Tensor> b_of;
+  bool expect_equal = true;  // b must equal a (false after a random init that draws separately)
+  int post_calls_without_out = 0, post_calls_with_out = 0, aliased_checks = 0;
+  at::Tensor& b(const at::Tensor& a, const std::string& who) {
+    auto it = b_of.find(storage_of(a));
+    if (it == b_of.end()) throw std::runtime_error(who + ": tensor is not a two-buffer tensor");
+    return it->second;
+  }
+};
+thread_local TwoBuffers two;
+
+fsdp::PreAllGatherResult two_tensor_pre(const at::Tensor& local) {
+  return {{local, two.b(local, "pre_all_gather")}, nullptr};
+}
+
+fsdp::AllGatherExtension two_tensor_extension(int version) {
+  fsdp::AllGatherExtension ext;
+  if (version == 1) {
+    ext.pre_all_gather_v1 = [](const at::Tensor& local, const DeviceMesh&) { return two_tensor_pre(local); };
+  } else {
+    ext.pre_all_gather = [](const at::Tensor& local, const DeviceMesh&, const std::vector<int64_t>&,
+                            const std::vector<int64_t>&, nn::Module&,
+                            const fsdp::MixedPrecisionPolicy&) { return two_tensor_pre(local); };
+  }
+  ext.post_all_gather = [](const std::vector<at::Tensor>& outputs, const std::shared_ptr<void>& metadata,
+                           at::ScalarType param_dtype, at::Tensor* out) -> fsdp::PostAllGatherResult {
+    if (outputs.size() != 2) throw std::runtime_error("post_all_gather: expected (a, b)");
+    if (metadata) throw std::runtime_error("post_all_gather: metadata must be None");
+    const at::Tensor& a = outputs[0];
+    const at::Tensor& b = outputs[1];
+    if (two.expect_equal && !at::equal(a, b)) throw std::runtime_error("post_all_gather: gathered b differs from a");
+    if (out) {
+      ++two.post_calls_with_out;
+      at::Tensor& out_b = two.b(*out, "post_all_gather(out)");  // out must be a two-buffer tensor
+      if (a.scalar_type() == param_dtype) {
+        // FSDP gathered straight into the buffers it returned the first time.
+        if (a.storage().data_ptr().get() != out->storage().data_ptr().get() ||
+            b.storage().data_ptr().get() != out_b.storage().data_ptr().get()) {
+          throw std::runtime_error("post_all_gather: the outputs do not alias out's buffers");
+        }
+        ++two.aliased_checks;
+      } else {
+        copy_quietly(*out, a);
+        copy_quietly(out_b, b);
+      }
+      return {};
+    }
+    ++two.post_calls_without_out;
+    at::Tensor ua = a.to(param_dtype), ub = b.to(param_dtype);
+    two.b_of[storage_of(ua)] = ub;
+    return {ua, {a, b}};
+  };
+  return ext;
+}
+
+// _init_two_tensor_mlp(): Sequential of 3 x MLP(8, bias=False); every in_proj/out_proj weight a
+// two-buffer parameter (b = a.clone()).
+std::shared_ptr<nn::Sequential> init_two_tensor_mlp() {
+  std::vector<nn::ModulePtr> mlps;
+  for (int i = 0; i < 3; ++i) mlps.push_back(std::make_shared<fixtures::MLP>(8, /*bias=*/false));
+  return std::make_shared<nn::Sequential>(mlps);
+}
+std::vector<std::string> weight_fqns(nn::Module& model) {
+  std::vector<std::string> out;
+  for (auto& [fqn, p] : model.named_params()) {
+    if (fqn.find("weight") != std::string::npos) out.push_back(fqn);
+  }
+  return out;
+}
+// After fully_shard (and to_empty): each weight shard's shadow is its chunk of the full b, and the
+// extension is registered.
+void make_two_tensor_shards(nn::Module& model, const std::map<std::string, at::Tensor>& full_b, int version) {
+  for (const auto& fqn : weight_fqns(model)) {
+    auto d = tensor::param_dtensor(model, fqn);
+    if (!d) throw std::runtime_error(fqn + " is not sharded");
+    at::Tensor b;
+    auto it = full_b.find(fqn);
+    if (it != full_b.end()) {
+      b = tensor::distribute_tensor(it->second, d->device_mesh(), d->placements()).to_local().clone();
+    } else {
+      b = d->to_local().detach().clone();
+    }
+    two.b_of[storage_of(d->to_local())] = b;
+    fsdp::set_all_gather_extension(model, fqn, two_tensor_extension(version));
+  }
+}
+// "Every update applies to both": the shadows follow the shards after an optimizer step.
+void sync_shadows(nn::Module& model) {
+  at::NoGradGuard no_grad;
+  for (const auto& fqn : weight_fqns(model)) {
+    at::Tensor a = tensor::param_dtensor(model, fqn)->to_local();
+    two.b(a, "sync").copy_(a);
+  }
+}
+
+void fully_shard_stack(nn::Module& model, const fsdp::FullyShardOptions& opts) {
+  for (auto& [name, mlp] : model.named_children_tdc()) fsdp::fully_shard(*mlp, opts);
+  fsdp::fully_shard(model, opts);
+}
+
+// Spec B.6 check_sharded_parity.
+void check_sharded_parity(nn::Module& ref, nn::Module& sharded, const std::string& what) {
+  auto got = tensor::named_params_with_specs(sharded);
+  auto want = ref.named_params();
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].fqn, want[i].first) << what;
+    ASSERT_TRUE(got[i].dtensor.has_value()) << what << ": '" << got[i].fqn << "' is not a DTensor";
+    const tensor::DTensorSpec& spec = got[i].dtensor->spec();
+    auto chunk = [&](const at::Tensor& full) {
+      return tensor::distribute_tensor(full.detach(), spec.mesh, spec.placements).to_local();
+    };
+    assert_equal(got[i].tensor, chunk(want[i].second), what + " shard of '" + got[i].fqn + "'");
+    const at::Tensor& rg = want[i].second.grad();
+    ASSERT_EQ(got[i].tensor.grad().defined(), rg.defined()) << what << " gradient of '" << got[i].fqn << "'";
+    if (rg.defined()) assert_equal(got[i].tensor.grad(), chunk(rg), what + " shard gradient of '" + got[i].fqn + "'");
+  }
+}
+
+// trunc_normal_ (mean 0, std 1, cut at +-2) of every parameter.
+void trunc_normal_init(nn::Module& model) {
+  at::NoGradGuard no_grad;
+  for (auto& p : model.params()) {
+    p.normal_();
+    p.clamp_(-2.0, 2.0);
+  }
+}
+
+// ------------------------------------------------------------------ C.3.2 MultiProcess
+
+TDC_DIST_TEST(TestFullyShardAllGatherExtensionsMultiProcess, test_all_gather_extensions_train_parity,
+              .world_size = 2, .timeout_s = 120) {
+  TDC_REQUIRE_CAPABILITY("fsdp2.all_gather_extensions");
+  conformance::world();
+  for (int version : {1, 2}) {
+    harness::subtests({{"reshard_after_forward", {true, false}}}, [&](const harness::Params& prm) {
+      two = TwoBuffers{};
+      at::manual_seed(42);
+      auto model = init_two_tensor_mlp();
+      nn::ModulePtr ref_model = model->deep_copy();
+      torch::optim::Adam ref_optim(ref_model->params(), torch::optim::AdamOptions(1e-2));
+      std::map<std::string, at::Tensor> full_b;  // b = w.clone() for every weight
+      for (auto& [fqn, p] : model->named_params()) {
+        if (fqn.find("weight") != std::string::npos) full_b[fqn] = p.detach().clone();
+      }
+      const bool reshard = prm.get<bool>("reshard_after_forward");
+      fsdp::FullyShardOptions opts;
+      opts.reshard_after_forward = reshard;
+      fully_shard_stack(*model, opts);
+      make_two_tensor_shards(*model, full_b, version);
+      torch::optim::Adam optim(model->params(), torch::optim::AdamOptions(1e-2));
+      check_sharded_parity(*ref_model, *model, "v" + std::to_string(version) + " after fully_shard:");
+
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(42 + ctx().rank + 1);
+      at::Tensor inp = at::randn({2, 8}, gen);
+      for (int iter_idx = 0; iter_idx < 10; ++iter_idx) {
+        const std::string when = "v" + std::to_string(version) + " iteration " + std::to_string(iter_idx);
+        at::Tensor ref_loss = (*ref_model)(inp).sum();
+        ref_loss.backward();
+        for (auto& p : ref_model->params()) {
+          comm::all_reduce(p.mutable_grad(), comm::ReduceOp::SUM);
+          p.mutable_grad().div_(ctx().world_size);
+        }
+        at::Tensor loss = (*model)(inp).sum();
+        loss.backward();
+        assert_equal(loss, ref_loss, when + " loss");
+        check_sharded_parity(*ref_model, *model, when + ":");
+        for (auto* o : {static_cast<torch::optim::Optimizer*>(&ref_optim), static_cast<torch::optim::Optimizer*>(&optim)}) {
+          o->step();
+          o->zero_grad(/*set_to_none=*/iter_idx % 2 == 0);
+        }
+        sync_shadows(*model);
+        check_sharded_parity(*ref_model, *model, when + " after step:");
+      }
+      EXPECT_GT(two.post_calls_without_out, 0);
+      if (reshard) {
+        EXPECT_GT(two.post_calls_with_out, 0) << "re-gathers refill the first unsharded tensors";
+        EXPECT_EQ(two.aliased_checks, two.post_calls_with_out);
+      }
+    });
+  }
+}
+
+// ------------------------------------------------------------------ C.3.3 MultiThread (8 threads)
+
+constexpr harness::Launcher kThreads = harness::Launcher::Thread;
+
+// Meta-device model, fully_shard with bf16 parameters, to_empty, init; three training steps
+// through the extension's out= path with a dtype-changing post hook.
+TDC_DIST_TEST(TestFullyShardAllGatherExtensionsMultiThread, test_all_gather_extensions_end_to_end, .world_size = 8,
+              .timeout_s = 120, .launcher = kThreads) {
+  TDC_REQUIRE_CAPABILITY("fsdp2.all_gather_extensions");
+  conformance::world();
+  for (int version : {1, 2}) {
+    harness::subtests({{"reshard_after_forward", {true, false}}}, [&](const harness::Params& prm) {
+      two = TwoBuffers{};
+      two.expect_equal = false;  // trunc_normal_ draws a and b separately in the original
+      auto model = init_two_tensor_mlp();
+      fsdp::to_empty(*model, at::kMeta);  // "under the meta device": LibTorch has no meta-device context
+      for (auto& p : model->params()) ASSERT_TRUE(p.is_meta());
+      const bool reshard = prm.get<bool>("reshard_after_forward");
+      fsdp::FullyShardOptions opts;
+      opts.reshard_after_forward = reshard;
+      opts.mp_policy.param_dtype = at::kBFloat16;
+      fully_shard_stack(*model, opts);
+      fsdp::to_empty(*model, at::kCPU);
+      trunc_normal_init(*model);
+      make_two_tensor_shards(*model, {}, version);
+      torch::optim::Adam optim(model->params(), torch::optim::AdamOptions(1e-2));
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(42 + ctx().rank + 1);
+      at::Tensor inp = at::randn({2, 8}, gen);
+      for (int i = 0; i < 3; ++i) {
+        (*model)(inp).sum().backward();
+        optim.step();
+        optim.zero_grad();
+        sync_shadows(*model);
+      }
+      EXPECT_GT(two.post_calls_without_out, 0);
+      if (reshard) EXPECT_GT(two.post_calls_with_out, 0);
+    });
+  }
+}
+
+thread_local bool tls_pre_all_gather_called = false;
+
+// Hooks bound per parameter after materialisation (the original binds them as attributes of the
+// local shard objects): bf16 cast in pre, upcast in post.
+TDC_DIST_TEST(TestFullyShardAllGatherExtensionsMultiThread, test_all_gather_extensions_monkey_patch, .world_size = 8,
+              .timeout_s = 120, .launcher = kThreads) {
+  TDC_REQUIRE_CAPABILITY("fsdp2.all_gather_extensions");
+  conformance::world();
+  tls_pre_all_gather_called = false;
+  two = TwoBuffers{};
+  auto model = init_two_tensor_mlp();
+  fsdp::to_empty(*model, at::kMeta);
+  fully_shard_stack(*model, {});
+  fsdp::to_empty(*model, at::kCPU);
+  trunc_normal_init(*model);
+
+  fsdp::AllGatherExtension ext;
+  ext.pre_all_gather = [](const at::Tensor& local, const DeviceMesh&, const std::vector<int64_t>&,
+                          const std::vector<int64_t>&, nn::Module&, const fsdp::MixedPrecisionPolicy&) {
+    tls_pre_all_gather_called = true;
+    return fsdp::PreAllGatherResult{{local.to(at::kBFloat16)}, nullptr};
+  };
+  ext.post_all_gather = [](const std::vector<at::Tensor>& outputs, const std::shared_ptr<void>& metadata,
+                           at::ScalarType param_dtype, at::Tensor* out) -> fsdp::PostAllGatherResult {
+    at::NoGradGuard no_grad;
+    if (outputs.size() != 1 || outputs[0].scalar_type() != at::kBFloat16) {
+      throw std::runtime_error("post_all_gather: expected one bf16 output");
+    }
+    if (metadata) throw std::runtime_error("post_all_gather: metadata must be None");
+    if (out) {
+      copy_quietly(*out, outputs[0]);
+      return {};
+    }
+    at::Tensor upcast = outputs[0].to(param_dtype);
+    return {upcast, {outputs[0], upcast}};
+  };
+  int patched = 0;
+  for (auto& [fqn, p] : model->named_params()) {
+    if (fqn.find("weight") == std::string::npos) continue;
+    fsdp::set_all_gather_extension(*model, fqn, ext);
+    ++patched;
+  }
+  ASSERT_GT(patched, 0);
+  torch::optim::Adam optim(model->params(), torch::optim::AdamOptions(1e-2));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(42 + ctx().rank + 1);
+  at::Tensor inp = at::randn({2, 8}, gen);
+  for (int i = 0; i < 3; ++i) {
+    (*model)(inp).sum().backward();
+    optim.step();
+    optim.zero_grad();
+  }
+  EXPECT_TRUE(tls_pre_all_gather_called);
+}
+
+// BFloat16AllGatherTensor's hooks: pre pads an uneven shard itself, using outer_size.
+fsdp::AllGatherExtension bf16_all_gather_extension(bool pad_in_pre_all_gather = true) {
+  fsdp::AllGatherExtension ext;
+  ext.pre_all_gather = [pad_in_pre_all_gather](const at::Tensor& local, const DeviceMesh& mesh,
+                                               const std::vector<int64_t>& outer_size, const std::vector<int64_t>&,
+                                               nn::Module&, const fsdp::MixedPrecisionPolicy&) {
+    if (mesh.ndim() != 1) throw std::runtime_error("BFloat16AllGatherTensor: expects a 1-D mesh");
+    const int64_t n = mesh.size();
+    if (outer_size[0] % n != 0 && pad_in_pre_all_gather) {
+      std::vector<int64_t> padded = outer_size;
+      padded[0] = (outer_size[0] + n - 1) / n;
+      at::Tensor buf = at::empty(padded, local.options().dtype(at::kBFloat16));
+      if (local.size(0) > 0) buf.narrow(0, 0, local.size(0)).copy_(local);
+      return fsdp::PreAllGatherResult{{buf}, nullptr};
+    }
+    return fsdp::PreAllGatherResult{{local.to(at::kBFloat16)}, nullptr};
+  };
+  ext.post_all_gather = [](const std::vector<at::Tensor>& outputs, const std::shared_ptr<void>&,
+                           at::ScalarType param_dtype, at::Tensor* out) -> fsdp::PostAllGatherResult {
+    if (outputs.size() != 1 || outputs[0].scalar_type() != at::kBFloat16) {
+      throw std::runtime_error("BFloat16AllGatherTensor: expected one bf16 output");
+    }
+    if (out) {
+      copy_quietly(*out, outputs[0].narrow(0, 0, out->size(0)));
+      return {};
+    }
+    at::Tensor upcast = outputs[0].to(param_dtype);
+    return {upcast, {outputs[0], upcast}};
+  };
+  return ext;
+}
+
+TDC_DIST_TEST(TestFullyShardAllGatherExtensionsMultiThread, test_all_gather_extension_outer_size_stride,
+              .world_size = 8, .timeout_s = 120, .launcher = kThreads) {
+  TDC_REQUIRE_CAPABILITY("fsdp2.all_gather_extensions");
+  conformance::world();
+  ASSERT_GE(ctx().world_size, 2);
+  auto model = std::make_shared<fixtures::MLP>(3, /*bias=*/true, /*with_buffer=*/false, /*dim_multiplier=*/3);
+  fsdp::FullyShardOptions opts;
+  opts.reshard_after_forward = false;  // True is upstream issue 154836
+  fsdp::fully_shard(*model, opts);
+  for (auto& [fqn, p] : model->named_params()) {
+    if (fqn.find("weight") != std::string::npos) fsdp::set_all_gather_extension(*model, fqn, bf16_all_gather_extension());
+  }
+  // The uneven layouts the test is about (8 ranks): in_proj (9, 3) -> shards of 2, 2, 2, 2, 1, 0,
+  // 0, 0 rows padded to 2; out_proj (3, 9) -> 1 row on ranks 0-2, none on 3-7, padded to 1.
+  EXPECT_EQ(tensor::param_dtensor(*model, "in_proj.weight")->to_local().size(0), std::max<int64_t>(0, std::min<int64_t>(2, 9 - 2 * ctx().rank)));
+  EXPECT_EQ(tensor::param_dtensor(*model, "out_proj.weight")->to_local().size(0), ctx().rank < 3 ? 1 : 0);
+  torch::optim::AdamW optim(model->params(), torch::optim::AdamWOptions(1e-2));  // fused: a GPU path (E.3)
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(42 + ctx().rank + 1);
+  at::Tensor inp = at::randn({2, 3}, gen);
+  (*model)(inp).sum().backward();
+  optim.step();
+}
+
+thread_local std::optional<DeviceMesh> tls_mesh;
+
+TDC_DIST_TEST(TestFullyShardAllGatherExtensionsMultiThread, test_all_gather_extension_hsdp_mesh, .world_size = 8,
+              .timeout_s = 120, .launcher = kThreads) {
+  TDC_REQUIRE_CAPABILITY("fsdp2.all_gather_extensions");
+  conformance::world();
+  const int64_t replicate_size = 2;
+  DeviceMesh mesh = init_device_mesh("cpu", {replicate_size, ctx().world_size / replicate_size},
+                                     {"dp_replicate", "dp_shard"});
+  two = TwoBuffers{};
+  auto model = init_two_tensor_mlp();
+  fsdp::FullyShardOptions opts;
+  opts.mesh = mesh;
+  fully_shard_stack(*model, opts);
+  tls_mesh.reset();
+  fsdp::AllGatherExtension ext;
+  ext.pre_all_gather = [](const at::Tensor& local, const DeviceMesh& m, const std::vector<int64_t>&,
+                          const std::vector<int64_t>&, nn::Module&, const fsdp::MixedPrecisionPolicy&) {
+    tls_mesh = m;
+    return fsdp::PreAllGatherResult{{local}, nullptr};
+  };
+  ext.post_all_gather = [](const std::vector<at::Tensor>& outputs, const std::shared_ptr<void>&, at::ScalarType,
+                           at::Tensor* out) -> fsdp::PostAllGatherResult {
+    if (out) return {};
+    return {outputs[0], {outputs[0]}};
+  };
+  for (auto& [fqn, p] : model->named_params()) {
+    if (fqn.find("weight") != std::string::npos) fsdp::set_all_gather_extension(*model, fqn, ext);
+  }
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(42 + ctx().rank + 1);
+  (*model)(at::randn({2, 8}, gen));
+  ASSERT_TRUE(tls_mesh.has_value());
+  EXPECT_EQ(tls_mesh->ndim(), 1);
+  EXPECT_EQ(tls_mesh->size(), ctx().world_size / replicate_size);
+}
+
+}  // namespace
