@@ -5,6 +5,7 @@
 // JSON and plots it (tools/bench/fsdp_plot.py -> the JSON's name with .png).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <optional>
@@ -28,6 +29,8 @@ const std::vector<OptionSpec> kBenchOptions = {
     {"repeat", "N", "harness: timed launches per case and launcher (default 20; the smoke test "
                     "uses 3); ddp, fsdp: timed steps per case (default 10)"},
     {"build-dir", "DIR", "build directory (default $TDC_BUILD)"},
+    {"rounds", "N", "fsdp: rounds of (tdc side, PyTorch side), order alternating; figures are medians "
+                    "over rounds (default 3)"},
     {"python", "PY", "fsdp: the python with torch 2.13 and matplotlib (default $TDC_VENV/bin/python, "
                      "else SOURCE/.venv/bin/python)"},
 };
@@ -35,7 +38,7 @@ const std::vector<OptionSpec> kBenchOptions = {
 constexpr const char* kBenchUsage =
     "usage: tdc bench harness [--out FILE] [--repeat N]\n"
     "       tdc bench ddp [--out FILE] [--repeat N]\n"
-    "       tdc bench fsdp [--out FILE] [--repeat N] [--python PY]\n\n"
+    "       tdc bench fsdp [--out FILE] [--repeat N] [--rounds R] [--python PY]\n\n"
     "harness: times tdc::harness::launch() for 4-rank tests (cases 'empty' and 'all_reduce',\n"
     "launchers fork and thread): wall time per test including process/thread start, rendezvous,\n"
     "body and teardown. JSON: docs/results-schema.md, 'Harness benchmark'.\n"
@@ -227,10 +230,10 @@ ojson merge_fsdp(const ojson& t, const fs::path& tdc_file, const ojson& py, cons
 
 int print_fsdp(const ojson& j, const fs::path& out, const fs::path& png) {
   fmt::print("\nFSDP benchmark: host {} ({} CPUs), LibTorch {} vs torch {}, {} timed steps per case "
-             "(median of rank 0), {} ATen thread(s) per rank\n",
+             "(median of rank 0; median over {} round(s)), {} ATen thread(s) per rank\n",
              j.value("host", std::string("?")), j.value("cpus", 0),
              j.value("libtorch_version", std::string("?")), j.value("torch_version", std::string("?")),
-             j.value("repeat", 0), j.value("threads_per_rank", 0));
+             j.value("repeat", 0), j.value("rounds", 1), j.value("threads_per_rank", 0));
   fmt::print("{:<12} {:>5} {:>10} {:>10} {:>13} {:>13} {:>7}   {:>17} {:>7}\n", "model", "world", "single_ms",
              "ddp_ms", "tdc_fsdp_ms", "torch_fsdp_ms", "ratio", "tdc_nochecks_ms", "ratio");
   for (const auto& [model, worlds] : j["cases"].items()) {
@@ -251,6 +254,64 @@ int print_fsdp(const ojson& j, const fs::path& out, const fs::path& png) {
     fmt::print("note: {} CPUs here, so world size 4 oversubscribes the cores\n", cpus);
   fmt::print("written to {}\n           {}\n", out.string(), png.string());
   return kExitOk;
+}
+
+constexpr int kFsdpWarmup = 3;  // tdc_bench_fsdp's kWarmup; the PyTorch runner gets the same
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t k = v.size();
+  return k == 0 ? 0.0 : k % 2 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2;
+}
+
+// Several merged rounds -> one: every step time is the median over rounds, the ratios are taken
+// between those medians, and each case keeps its per-round ratios.
+ojson combine_rounds(const std::vector<ojson>& rounds) {
+  ojson out = rounds.front();
+  const char* case_keys[] = {"single_step_ms", "ddp_step_ms", "tdc_fsdp_step_ms", "tdc_fsdp_p90_ms",
+                             "tdc_fsdp_nochecks_step_ms", "pytorch_fsdp_step_ms", "pytorch_fsdp_p90_ms"};
+  const char* model_keys[] = {"single_step_ms", "pytorch_single_step_ms"};
+  auto med = [&](const char* section, const std::string& a, const std::string& b, const char* key) {
+    std::vector<double> v;
+    for (const auto& r : rounds) {
+      const ojson& c = b.empty() ? r[section][a] : r[section][a][b];
+      if (c.contains(key) && c[key].is_number()) v.push_back(c[key].get<double>());
+    }
+    return v;
+  };
+  bool met = true;
+  double worst = 0;
+  for (auto& [model, worlds] : out["cases"].items()) {
+    for (auto& [world, c] : worlds.items()) {
+      for (const char* key : case_keys) {
+        auto v = med("cases", model, world, key);
+        if (!v.empty()) c[key] = median_of(v);
+      }
+      ojson per_round = ojson::array();
+      for (const auto& r : rounds) per_round.push_back(r["cases"][model][world].value("ratio", 0.0));
+      const double py_ms = c.value("pytorch_fsdp_step_ms", 0.0);
+      const double ratio = py_ms > 0 ? c.value("tdc_fsdp_step_ms", 0.0) / py_ms : 0.0;
+      c["ratio"] = ratio;
+      if (c.contains("ratio_nochecks") && py_ms > 0)
+        c["ratio_nochecks"] = c.value("tdc_fsdp_nochecks_step_ms", 0.0) / py_ms;
+      c["ratio_per_round"] = per_round;
+      met = met && ratio <= 1.0;
+      worst = std::max(worst, ratio);
+    }
+  }
+  for (auto& [model, m] : out["models"].items()) {
+    for (const char* key : model_keys) {
+      auto v = med("models", model, "", key);
+      if (!v.empty()) m[key] = median_of(v);
+    }
+  }
+  out["target_met"] = met;
+  out["worst_ratio"] = worst;
+  double total = 0;
+  for (const auto& r : rounds) total += r.value("duration_s", 0.0) + r["pytorch"].value("duration_s", 0.0);
+  out["rounds"] = rounds.size();
+  out["total_duration_s"] = total;
+  return out;
 }
 
 int bench_fsdp(const ParsedArgs& a, const fs::path& build, const fs::path& out, std::optional<int> repeat) {
@@ -278,6 +339,7 @@ int bench_fsdp(const ParsedArgs& a, const fs::path& build, const fs::path& out, 
       throw UsageError(fmt::format("bench fsdp: '{}' does not exist (TDC_ROOT / --build-dir point at "
                                    "the wrong tree?)", f.string()));
   const int n = repeat.value_or(10);
+  const int n_rounds = a.get("rounds") ? parse_positive_int("bench", "rounds", *a.get("rounds")) : 3;
   fs::create_directories(out.parent_path());
   const fs::path tdc_file = out.string() + ".tdc.tmp";
   const fs::path py_file = out.string() + ".pytorch.tmp";
@@ -291,15 +353,37 @@ int bench_fsdp(const ParsedArgs& a, const fs::path& build, const fs::path& out, 
     }
   } cleanup{{tdc_file, py_file}};
 
+  // Rounds alternate the order of the two sides (odd rounds: tdc first; even: PyTorch first), so
+  // that a change in the host's load does not always hit the same side; the figures are medians
+  // over rounds.
   int status = kExitOk;
-  fmt::print(stderr, "tdc bench fsdp: tdc side ({})\n", (build / "tdc_bench_fsdp").string());
-  if (!run_benchmark(build, "tdc_bench_fsdp", tdc_file, n, &status)) return status;
-  const ojson t = read_json(tdc_file);
-  fmt::print(stderr, "tdc bench fsdp: PyTorch side ({} {})\n", python.string(), runner.string());
-  status = run_python({python.string(), runner.string(), "--out", py_file.string(), "--repeat",
-                       std::to_string(n), "--warmup", std::to_string(t.value("warmup", 3))});
-  if (status != kExitOk) return status;
-  const ojson merged = merge_fsdp(t, tdc_file, read_json(py_file), py_file);
+  std::vector<ojson> rounds;
+  for (int r = 1; r <= n_rounds; ++r) {
+    std::optional<ojson> t, py;
+    auto tdc_side = [&] {
+      fmt::print(stderr, "tdc bench fsdp: round {}/{}, tdc side ({})\n", r, n_rounds,
+                 (build / "tdc_bench_fsdp").string());
+      if (!run_benchmark(build, "tdc_bench_fsdp", tdc_file, n, &status)) return false;
+      t = read_json(tdc_file);
+      return true;
+    };
+    auto py_side = [&] {
+      fmt::print(stderr, "tdc bench fsdp: round {}/{}, PyTorch side ({} {})\n", r, n_rounds,
+                 python.string(), runner.string());
+      status = run_python({python.string(), runner.string(), "--out", py_file.string(), "--repeat",
+                           std::to_string(n), "--warmup", std::to_string(kFsdpWarmup)});
+      if (status != kExitOk) return false;
+      py = read_json(py_file);
+      return true;
+    };
+    bool ok = r % 2 ? (tdc_side() && py_side()) : (py_side() && tdc_side());
+    if (!ok) return status;
+    if (t->value("warmup", -1) != kFsdpWarmup)
+      throw std::runtime_error(fmt::format("tdc_bench_fsdp ran {} warm-up steps, the CLI expects {}",
+                                           t->value("warmup", -1), kFsdpWarmup));
+    rounds.push_back(merge_fsdp(*t, tdc_file, *py, py_file));
+  }
+  const ojson merged = combine_rounds(rounds);
   {
     const fs::path tmp = out.string() + ".tmp";
     std::ofstream o(tmp, std::ios::trunc);
@@ -334,8 +418,8 @@ int bench_command(const std::vector<std::string>& args) {
   if (auto v = a.get("repeat")) repeat = parse_positive_int("bench", "repeat", *v);
   if (name == "harness" && !repeat) repeat = 20;
 
-  if (name != "fsdp" && a.get("python"))
-    throw UsageError("bench: --python is an option of 'tdc bench fsdp' only");
+  if (name != "fsdp" && (a.get("python") || a.get("rounds")))
+    throw UsageError("bench: --python and --rounds are options of 'tdc bench fsdp' only");
   if (name == "fsdp") return bench_fsdp(a, build, out, repeat);
 
   int status = kExitOk;
