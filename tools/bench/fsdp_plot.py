@@ -64,7 +64,7 @@ def main():
     ax.set_ylim(0, top * 1.4)
     host = j.get("host", "?")
     ax.set_title(f"FSDP benchmark: forward + loss + backward + SGD step, {j.get('repeat', '?')} timed "
-                 f"steps per case\n{host} ({j.get('cpus', '?')} CPUs), 1 thread per rank, Gloo, "
+                 f"steps per case, median over {j.get('rounds', 1)} round(s)\n{host} ({j.get('cpus', '?')} CPUs), 1 thread per rank, Gloo, "
                  f"LibTorch {j.get('libtorch_version', '?')} / torch {j.get('torch_version', '?')}",
                  fontsize=10)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize=8, ncol=len(series), frameon=False)
