@@ -15,6 +15,7 @@
 
 #include "tdc/comm/collectives.h"
 #include "tdc/comm/debug_mode.h"
+#include "tdc/conformance/checks.h"
 #include "tdc/conformance/support.h"
 #include "tdc/ddp/ddp.h"
 #include "tdc/device_mesh.h"
@@ -29,16 +30,9 @@ namespace {
 
 using namespace tdc;
 using harness::ctx;
-
 // assertEqual on float32 tensors: torch.testing's defaults (rtol 1.3e-6, atol 1e-5).
 void assert_equal(const at::Tensor& actual, const at::Tensor& expected, const std::string& what) {
-  ASSERT_TRUE(actual.defined() && expected.defined()) << what << ": undefined tensor";
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  ASSERT_EQ(actual.scalar_type(), expected.scalar_type()) << what;
-  at::Tensor a = actual.detach().to(at::kDouble), e = expected.detach().to(at::kDouble);
-  at::Tensor bad = (a - e).abs() > (1e-5 + 1.3e-6 * e.abs());
-  ASSERT_FALSE(bad.any().item<bool>()) << what << ": " << bad.sum().item<int64_t>() << " of " << a.numel()
-                                       << " elements differ; max |diff| " << (a - e).abs().max().item<double>();
+  conformance::expect_close(actual, expected, what);
 }
 
 // ---------------------------------------------------------------- C.1.1 TestFullyShard2DTraining

@@ -21,6 +21,7 @@
 #include <torch/optim/adamw.h>
 
 #include "tdc/comm/collectives.h"
+#include "tdc/conformance/checks.h"
 #include "tdc/conformance/support.h"
 #include "tdc/device_mesh.h"
 #include "tdc/fixtures/models.h"
@@ -34,14 +35,10 @@ namespace {
 
 using namespace tdc;
 using harness::ctx;
-
+using conformance::check_sharded_parity;
+// assertEqual on float32 tensors: torch.testing's defaults.
 void assert_equal(const at::Tensor& actual, const at::Tensor& expected, const std::string& what) {
-  ASSERT_TRUE(actual.defined() && expected.defined()) << what << ": undefined tensor";
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  at::Tensor a = actual.detach().to(at::kDouble), e = expected.detach().to(at::kDouble);
-  at::Tensor bad = (a - e).abs() > (1e-5 + 1.3e-6 * e.abs());
-  ASSERT_FALSE(bad.any().item<bool>()) << what << ": " << bad.sum().item<int64_t>() << " of " << a.numel()
-                                       << " elements differ; max |diff| " << (a - e).abs().max().item<double>();
+  conformance::expect_close(actual, expected, what);
 }
 
 // Copy without a version bump (the original's `out` path does this under no_grad on a
@@ -157,25 +154,6 @@ void sync_shadows(nn::Module& model) {
 void fully_shard_stack(nn::Module& model, const fsdp::FullyShardOptions& opts) {
   for (auto& [name, mlp] : model.named_children_tdc()) fsdp::fully_shard(*mlp, opts);
   fsdp::fully_shard(model, opts);
-}
-
-// Spec B.6 check_sharded_parity.
-void check_sharded_parity(nn::Module& ref, nn::Module& sharded, const std::string& what) {
-  auto got = tensor::named_params_with_specs(sharded);
-  auto want = ref.named_params();
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_EQ(got[i].fqn, want[i].first) << what;
-    ASSERT_TRUE(got[i].dtensor.has_value()) << what << ": '" << got[i].fqn << "' is not a DTensor";
-    const tensor::DTensorSpec& spec = got[i].dtensor->spec();
-    auto chunk = [&](const at::Tensor& full) {
-      return tensor::distribute_tensor(full.detach(), spec.mesh, spec.placements).to_local();
-    };
-    assert_equal(got[i].tensor, chunk(want[i].second), what + " shard of '" + got[i].fqn + "'");
-    const at::Tensor& rg = want[i].second.grad();
-    ASSERT_EQ(got[i].tensor.grad().defined(), rg.defined()) << what << " gradient of '" << got[i].fqn << "'";
-    if (rg.defined()) assert_equal(got[i].tensor.grad(), chunk(rg), what + " shard gradient of '" + got[i].fqn + "'");
-  }
 }
 
 // trunc_normal_ (mean 0, std 1, cut at +-2) of every parameter.

@@ -12,6 +12,7 @@
 
 #include "tdc/comm/collectives.h"
 #include "tdc/comm/debug_mode.h"
+#include "tdc/conformance/checks.h"
 #include "tdc/conformance/support.h"
 #include "tdc/device_mesh.h"
 #include "tdc/fixtures/models.h"
@@ -32,37 +33,12 @@ using tensor::Placements;
 using tensor::Replicate;
 using tensor::Shard;
 
-constexpr double kRtol = 1.3e-6, kAtol = 1e-5;
-
-void expect_close(const at::Tensor& actual, const at::Tensor& expected, const std::string& what,
-                  double rtol = kRtol, double atol = kAtol) {
-  ASSERT_TRUE(actual.defined()) << what << ": undefined";
-  ASSERT_TRUE(expected.defined()) << what << ": reference undefined";
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  at::Tensor a = actual.detach().to(at::kDouble), e = expected.detach().to(at::kDouble);
-  at::Tensor bad = (a - e).abs() > (atol + rtol * e.abs());
-  EXPECT_FALSE(bad.any().item<bool>()) << what << ": " << bad.sum().item<int64_t>() << " of " << a.numel()
-                                       << " elements differ; max |diff| " << (a - e).abs().max().item<double>();
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using conformance::check_sharded_parity;
+using conformance::error_of;
+using conformance::expect_close;
+using conformance::reference_copy;
 
 at::Generator gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
-
-nn::ModulePtr reference_copy(const nn::Module& m) {
-  auto group = conformance::world();
-  nn::ModulePtr ref = m.deep_copy();
-  for (auto p : ref->params()) comm::broadcast(p, 0, group);
-  for (auto& [name, b] : ref->named_bufs()) comm::broadcast(b, 0, group);
-  return ref;
-}
 
 // Sum over the ranks, divided by the world size: the gradient FSDP computes.
 void average_reference_grads(nn::Module& ref) {
@@ -70,26 +46,6 @@ void average_reference_grads(nn::Module& ref) {
     if (!p.grad().defined()) continue;
     comm::all_reduce(p.mutable_grad(), comm::ReduceOp::SUM);
     p.mutable_grad().div_(ctx().world_size);
-  }
-}
-
-// Spec B.6: every sharded parameter is a DTensor whose local shard equals the rank's piece of the
-// reference parameter laid out the same way; same for gradients (None <-> None).
-void check_sharded_parity(nn::Module& ref, nn::Module& sharded, const std::string& what) {
-  auto got = tensor::named_params_with_specs(sharded);
-  auto want = ref.named_params();
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_EQ(got[i].fqn, want[i].first) << what;
-    ASSERT_TRUE(got[i].dtensor.has_value()) << what << ": '" << got[i].fqn << "' is not a DTensor";
-    const tensor::DTensorSpec& spec = got[i].dtensor->spec();
-    auto chunk = [&](const at::Tensor& full) {
-      return tensor::distribute_tensor(full.detach(), spec.mesh, spec.placements).to_local();
-    };
-    expect_close(got[i].tensor, chunk(want[i].second), what + " shard of '" + got[i].fqn + "'");
-    const at::Tensor& rg = want[i].second.grad();
-    ASSERT_EQ(got[i].tensor.grad().defined(), rg.defined()) << what << " gradient presence of '" << got[i].fqn << "'";
-    if (rg.defined()) expect_close(got[i].tensor.grad(), chunk(rg), what + " shard gradient of '" + got[i].fqn + "'");
   }
 }
 

@@ -13,6 +13,7 @@
 
 #include "tdc/comm/collectives.h"
 #include "tdc/comm/debug_mode.h"
+#include "tdc/conformance/checks.h"
 #include "tdc/conformance/support.h"
 #include "tdc/device_mesh.h"
 #include "tdc/fixtures/models.h"
@@ -32,27 +33,10 @@ using tensor::Placements;
 using tensor::Replicate;
 using tensor::Shard;
 
-constexpr double kRtol = 1.3e-6, kAtol = 1e-5;
-
-void expect_close(const at::Tensor& actual, const at::Tensor& expected, const std::string& what,
-                  double rtol = kRtol, double atol = kAtol) {
-  ASSERT_TRUE(actual.defined()) << what << ": undefined";
-  ASSERT_TRUE(expected.defined()) << what << ": reference undefined";
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  at::Tensor a = actual.detach().to(at::kDouble), e = expected.detach().to(at::kDouble);
-  at::Tensor bad = (a - e).abs() > (atol + rtol * e.abs());
-  EXPECT_FALSE(bad.any().item<bool>()) << what << ": " << bad.sum().item<int64_t>() << " of " << a.numel()
-                                       << " elements differ; max |diff| " << (a - e).abs().max().item<double>();
-}
-
-// The single-process reference: a copy of rank 0's model on every rank.
-nn::ModulePtr reference_copy(const nn::Module& m) {
-  auto group = conformance::world();
-  nn::ModulePtr ref = m.deep_copy();
-  for (auto p : ref->params()) comm::broadcast(p, 0, group);
-  for (auto& [name, b] : ref->named_bufs()) comm::broadcast(b, 0, group);
-  return ref;
-}
+constexpr double kRtol = conformance::kFloat32Rtol, kAtol = conformance::kFloat32Atol;
+using conformance::error_of;
+using conformance::expect_close;
+using conformance::reference_copy;
 
 // Same tensor on every rank: drawn from a generator seeded the same everywhere.
 at::Generator gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
@@ -325,15 +309,6 @@ TEST(TpPlanTest, WildcardsMatchInModuleOrder) {
 }
 
 // ------------------------------------------------------------------ bad input
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 TDC_DIST_TEST(TpTest, BadPlansLeaveTheModuleUntouched, .world_size = 2) {
   DeviceMesh mesh = tp_mesh();

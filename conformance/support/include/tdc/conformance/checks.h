@@ -1,0 +1,37 @@
+// Assertions shared by the unit and conformance suites (GoogleTest based).
+//
+//  * expect_close: torch.testing.assert_close semantics, |actual - expected| <= atol + rtol *
+//    |expected| elementwise, same shape; the defaults are PyTorch's float32 tolerances (what
+//    assertEqual uses in the seed tests). The failure names `what`, how many elements differ and
+//    the largest difference.
+//  * reference_copy: the single-process reference of a model: a deep copy of rank 0's
+//    parameters and buffers on every rank (thread-launched ranks share one generator, so copies
+//    are broadcast rather than assumed identical).
+//  * check_sharded_parity: spec B.6 (FSDP2's check): every parameter of `sharded` is a DTensor
+//    whose local shard equals the rank's piece of the reference parameter laid out the same way
+//    (distribute_tensor with its placements), and the same for gradients (none <-> none).
+//  * error_of: the what() of the exception `fn` throws, or "(no error)".
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "tdc/nn/module.h"
+
+namespace tdc::conformance {
+
+inline constexpr double kFloat32Rtol = 1.3e-6, kFloat32Atol = 1e-5;
+
+// Non-fatal (EXPECT) on value differences; shape or definedness mismatches are fatal (ASSERT).
+void expect_close(const at::Tensor& actual, const at::Tensor& expected, const std::string& what,
+                  double rtol = kFloat32Rtol, double atol = kFloat32Atol);
+
+nn::ModulePtr reference_copy(const nn::Module& model);
+
+void check_sharded_parity(nn::Module& reference, nn::Module& sharded, const std::string& what);
+
+std::string error_of(const std::function<void()>& fn);
+
+}  // namespace tdc::conformance
