@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <functional>
+#include <optional>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -15,10 +18,34 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "tdc/harness/launch.h"
 
 namespace tdc::bench {
+
+// Launches one benchmark case (`body` runs on every rank; rank 0 writes a JSON object with
+// "step_ms" to `result_path`), prints `label` then the outcome on one progress line, and returns
+// the parsed result; nullopt (with the reason printed) when the case failed or wrote nothing.
+inline std::optional<nlohmann::json> run_case_and_read(const harness::LaunchSpec& spec, const std::string& label,
+                                                       const std::string& result_path, const std::function<void()>& body) {
+  fmt::print(stderr, "{} ... ", label);
+  auto t0 = std::chrono::steady_clock::now();
+  harness::Outcome o = harness::launch(spec, body);
+  if (o.status != harness::Status::Pass) {
+    fmt::print(stderr, "{}: {}\n", harness::to_string(o.status), o.message);
+    return std::nullopt;
+  }
+  std::ifstream in(result_path);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.contains("step_ms")) {
+    fmt::print(stderr, "no result written\n");
+    return std::nullopt;
+  }
+  fmt::print(stderr, "{:.2f} ms/step  ({:.1f} s)\n", j["step_ms"].get<double>(),
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return j;
+}
 
 // Nearest-rank percentile (q in (0, 1]).
 inline double percentile(std::vector<double> v, double q) {

@@ -159,23 +159,9 @@ int main(int argc, char** argv) {
     spec.world_size = world;
     spec.launcher = tdc::harness::Launcher::Fork;
     spec.timeout_s = 120 + 2.0 * repeat;
-    fmt::print(stderr, "[{}/{}] {:<11} {:<6} world {} ... ", done + 1, total, m.name,
-               use_ddp ? "ddp" : "single", world);
-    auto t0 = Clock::now();
-    tdc::harness::Outcome o = tdc::harness::launch(spec, [&] { run_case(m, use_ddp, repeat, result); });
+    const std::string label = fmt::format("[{}/{}] {:<11} {:<6} world {}", done + 1, total, m.name, use_ddp ? "ddp" : "single", world);
+    auto j = tdc::bench::run_case_and_read(spec, label, result, [&] { run_case(m, use_ddp, repeat, result); });
     ++done;
-    if (o.status != tdc::harness::Status::Pass) {
-      fmt::print(stderr, "{}: {}\n", tdc::harness::to_string(o.status), o.message);
-      return std::nullopt;
-    }
-    std::ifstream in(result);
-    json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.contains("step_ms")) {
-      fmt::print(stderr, "no result written\n");
-      return std::nullopt;
-    }
-    fmt::print(stderr, "{:.2f} ms/step  ({:.1f} s)\n", j["step_ms"].get<double>(),
-               std::chrono::duration<double>(Clock::now() - t0).count());
     return j;
   };
 

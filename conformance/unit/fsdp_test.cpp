@@ -72,6 +72,27 @@ void shard_model(nn::Module& model, const std::string& name, const fsdp::FullySh
 
 // ------------------------------------------------------------------ parity
 
+// `iters` Adam steps (lr 1e-2) of loss = output.sum() on this rank's `inp`, the reference's
+// gradients averaged over the ranks; losses and check_sharded_parity every step.
+void train_steps(nn::Module& model, nn::Module& ref, const at::Tensor& inp, int iters) {
+  torch::optim::Adam opt(model.params(), torch::optim::AdamOptions(1e-2));
+  torch::optim::Adam ref_opt(ref.params(), torch::optim::AdamOptions(1e-2));
+  for (int it = 0; it < iters; ++it) {
+    at::Tensor ref_loss = ref(inp).sum();
+    ref_loss.backward();
+    average_reference_grads(ref);
+    at::Tensor loss = model(inp).sum();
+    loss.backward();
+    expect_close(loss, ref_loss, "loss at iteration " + std::to_string(it));
+    check_sharded_parity(ref, model, "iteration " + std::to_string(it) + ":");
+    opt.step();
+    ref_opt.step();
+    opt.zero_grad();
+    ref_opt.zero_grad();
+  }
+  check_sharded_parity(ref, model, "after " + std::to_string(iters) + " Adam steps:");
+}
+
 void train_parity(const std::string& model_name, bool reshard_after_forward, bool checkpoint) {
   conformance::world();
   at::manual_seed(42);
@@ -88,22 +109,7 @@ void train_parity(const std::string& model_name, bool reshard_after_forward, boo
   opts.reshard_after_forward = reshard_after_forward;
   shard_model(*model, model_name, opts);
   check_sharded_parity(*ref, *model, "after fully_shard:");
-  torch::optim::Adam opt(model->params(), torch::optim::AdamOptions(1e-2));
-  torch::optim::Adam ref_opt(ref->params(), torch::optim::AdamOptions(1e-2));
-  at::Tensor inp = make_input(model_name, 42 + ctx().rank + 1);
-  for (int it = 0; it < 5; ++it) {
-    at::Tensor ref_loss = (*ref)(inp).sum();
-    ref_loss.backward();
-    average_reference_grads(*ref);
-    at::Tensor loss = (*model)(inp).sum();
-    loss.backward();
-    expect_close(loss, ref_loss, "loss at iteration " + std::to_string(it));
-    check_sharded_parity(*ref, *model, "iteration " + std::to_string(it) + ":");
-    opt.step();
-    ref_opt.step();
-    opt.zero_grad();
-    ref_opt.zero_grad();
-  }
+  train_steps(*model, *ref, make_input(model_name, 42 + ctx().rank + 1), 5);
   check_sharded_parity(*ref, *model, "after 5 Adam steps:");
 }
 
@@ -132,22 +138,7 @@ TDC_DIST_TEST(FSDPTest, HSDPTrainParity, .world_size = 4, .timeout_s = 120) {
   auto p = tensor::param_dtensor(*model, "layers.0.attention.wq.weight");
   ASSERT_TRUE(p.has_value());
   EXPECT_EQ(p->placements(), (Placements{Replicate{}, Shard{0}}));
-  torch::optim::Adam opt(model->params(), torch::optim::AdamOptions(1e-2));
-  torch::optim::Adam ref_opt(ref->params(), torch::optim::AdamOptions(1e-2));
-  at::Tensor inp = make_input("transformer", 42 + ctx().rank + 1);
-  for (int it = 0; it < 3; ++it) {
-    at::Tensor ref_loss = (*ref)(inp).sum();
-    ref_loss.backward();
-    average_reference_grads(*ref);
-    at::Tensor loss = (*model)(inp).sum();
-    loss.backward();
-    expect_close(loss, ref_loss, "loss at iteration " + std::to_string(it));
-    check_sharded_parity(*ref, *model, "iteration " + std::to_string(it) + ":");
-    opt.step();
-    ref_opt.step();
-    opt.zero_grad();
-    ref_opt.zero_grad();
-  }
+  train_steps(*model, *ref, make_input("transformer", 42 + ctx().rank + 1), 3);
 }
 
 // ------------------------------------------------------------------ DTensor view, 2-D with TP
