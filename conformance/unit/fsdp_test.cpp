@@ -330,6 +330,42 @@ TDC_DIST_TEST(FSDPTest, ForwardPrefetchOrder, .world_size = 2) {
   }
 }
 
+// set_modules_to_backward_prefetch: block 0's all-gather for backward is issued when block 1's
+// backward starts (block 1's output gradient arrives), before block 1's backward computes.
+TDC_DIST_TEST(FSDPTest, BackwardPrefetchOrder, .world_size = 2) {
+  conformance::world();
+  fixtures::ModelArgs args;
+  args.dropout_p = 0.0;
+  auto model = std::make_shared<fixtures::Transformer>(args);
+  shard_model(*model, "transformer", {});
+  auto& layers = model->child("layers");
+  std::unique_ptr<comm::CommDebugMode> mode;
+  std::vector<int64_t> at_block1_backward;
+  // Registered after fully_shard: runs after FSDP's post-forward, so this gradient hook fires
+  // after FSDP's own pre-backward hook on the same output.
+  layers.child("1").register_forward_hook(
+      [&](nn::Module&, const nn::Tensors&, const nn::Tensors& out) -> std::optional<nn::Tensors> {
+        at::Tensor y = out[0];
+        y.register_hook([&](const at::Tensor& g) {
+          if (mode) at_block1_backward.push_back(all_gathers(*mode));
+          return g;
+        });
+        return std::nullopt;
+      });
+  for (bool prefetch : {false, true}) {
+    if (prefetch) fsdp::as_fsdp(layers.child("1")).set_modules_to_backward_prefetch({&layers.child("0")});
+    at_block1_backward.clear();
+    at::Tensor loss = (*model)(make_input("transformer", 1)).sum();
+    mode = std::make_unique<comm::CommDebugMode>();
+    loss.backward();
+    const int64_t total = all_gathers(*mode);
+    mode.reset();
+    ASSERT_EQ(at_block1_backward.size(), 1u);
+    EXPECT_EQ(at_block1_backward[0], prefetch ? 2 : 1) << (prefetch ? "block 0 prefetched by block 1" : "no prefetch");
+    EXPECT_EQ(total, 2) << "each block is gathered once for backward either way";
+  }
+}
+
 // ------------------------------------------------------------------ mixed precision
 
 TDC_DIST_TEST(FSDPTest, MixedPrecisionBf16, .world_size = 2) {
@@ -362,6 +398,26 @@ TDC_DIST_TEST(FSDPTest, MixedPrecisionBf16, .world_size = 2) {
   auto got = tensor::named_params_with_specs(*model);
   auto want = ref->named_params();
   for (size_t i = 0; i < got.size(); ++i) expect_close(got[i].full_grad(), want[i].second.grad(), got[i].fqn, 5e-2, 5e-2);
+}
+
+// output_dtype: the root casts its floating outputs; cast_forward_inputs casts inputs to bf16.
+TDC_DIST_TEST(FSDPTest, MixedPrecisionOutputDtype, .world_size = 2) {
+  conformance::world();
+  nn::ModulePtr model = make_model("mlp");
+  at::ScalarType input_dtype = at::kFloat;
+  model->child("0").register_forward_pre_hook([&](nn::Module&, const nn::Tensors& in) -> std::optional<nn::Tensors> {
+    input_dtype = in[0].scalar_type();
+    return std::nullopt;
+  });
+  fsdp::FullyShardOptions opts;
+  opts.mp_policy.param_dtype = at::kBFloat16;
+  opts.mp_policy.output_dtype = at::kFloat;
+  shard_model(*model, "mlp", opts);
+  at::Tensor out = (*model)(make_input("mlp", 3));
+  EXPECT_EQ(out.scalar_type(), at::kFloat) << "the root's output is cast to output_dtype";
+  EXPECT_EQ(input_dtype, at::kBFloat16) << "the root cast the float input to param_dtype";
+  out.sum().backward();
+  for (auto& p : model->params()) EXPECT_EQ(p.grad().scalar_type(), at::kFloat);
 }
 
 // ------------------------------------------------------------------ bad input
