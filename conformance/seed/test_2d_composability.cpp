@@ -64,6 +64,8 @@ TDC_DIST_TEST(TestFullyShard2DTraining, test_train_parity_2d_mlp, .world_size = 
         const int64_t dp_pg_rank = dp_mesh.get_local_rank();
         at::manual_seed(42);
         auto model = std::make_shared<fixtures::MLPStack>(mlp_dim);
+  conformance::sync_from_rank0(*model);
+        conformance::sync_from_rank0(*model);
         nn::ModulePtr ref_model = model->deep_copy();
         ref_model->to(fixtures::device_type());
         ddp::replicate(*ref_model, dp_mesh.get_group());
@@ -106,6 +108,7 @@ TDC_DIST_TEST(TestFullyShard2DTraining, test_train_parity_2d_transformer, .world
     args.n_layers = 3;
     args.dropout_p = 0.0;
     auto model = std::make_shared<fixtures::Transformer>(args);
+    conformance::sync_from_rank0(*model);
     nn::ModulePtr ref_model = model->deep_copy();
     ref_model->to(fixtures::device_type());
     torch::optim::AdamW ref_optim(ref_model->params(), torch::optim::AdamWOptions(1e-2));
@@ -188,6 +191,7 @@ TDC_DIST_TEST(TestFullyShard2DTraining, test_tp_with_fsdp_offloading, .world_siz
   at::manual_seed(42);
   const int64_t mlp_dim = 16;
   auto model = std::make_shared<fixtures::MLPStack>(mlp_dim);
+  conformance::sync_from_rank0(*model);
   nn::ModulePtr ref_model = model->deep_copy();
   ref_model->to(fixtures::device_type());
   torch::optim::Adam ref_optim(ref_model->params(), torch::optim::AdamOptions(1e-2));
@@ -252,6 +256,14 @@ Integration init_model(int64_t model_parallel_size = 2) {
   auto model = std::make_shared<fixtures::MLPModule>(fixtures::device_type());
   at::manual_seed(0);
   auto twod = std::make_shared<fixtures::MLPModule>(fixtures::device_type());
+  // MLPModule seeds itself, so the two are equal on every rank when ranks are processes; with
+  // thread ranks (one shared generator) make it so.
+  conformance::sync_from_rank0(*model);
+  {
+    at::NoGradGuard no_grad;
+    auto src = model->named_params(), dst = twod->named_params();
+    for (size_t i = 0; i < dst.size(); ++i) dst[i].second.copy_(src[i].second);
+  }
   Integration r;
   r.model = std::make_shared<ddp::DistributedDataParallel>(model);
   DeviceMesh mesh = init_device_mesh(fixtures::device_type().is_cuda() ? "cuda" : "cpu",

@@ -176,6 +176,7 @@ TDC_DIST_TEST(TestFullyShardAllGatherExtensionsMultiProcess, test_all_gather_ext
       two = TwoBuffers{};
       at::manual_seed(42);
       auto model = init_two_tensor_mlp();
+      conformance::sync_from_rank0(*model);
       nn::ModulePtr ref_model = model->deep_copy();
       torch::optim::Adam ref_optim(ref_model->params(), torch::optim::AdamOptions(1e-2));
       std::map<std::string, at::Tensor> full_b;  // b = w.clone() for every weight

@@ -35,6 +35,13 @@ nn::ModulePtr reference_copy(const nn::Module& model) {
   return ref;
 }
 
+void sync_from_rank0(nn::Module& model) {
+  auto group = world();
+  at::NoGradGuard no_grad;
+  for (auto p : model.params()) comm::broadcast(p, 0, group);
+  for (auto& [name, b] : model.named_bufs()) comm::broadcast(b, 0, group);
+}
+
 void check_sharded_parity(nn::Module& reference, nn::Module& sharded, const std::string& what) {
   auto got = tensor::named_params_with_specs(sharded);
   auto want = reference.named_params();

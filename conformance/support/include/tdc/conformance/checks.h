@@ -30,6 +30,12 @@ void expect_close(const at::Tensor& actual, const at::Tensor& expected, const st
 
 nn::ModulePtr reference_copy(const nn::Module& model);
 
+// Makes every rank's parameters and buffers rank 0's (broadcast over the default group). PyTorch's
+// tests get identical models by seeding every process the same; thread-launched ranks share one
+// ATen generator, so the same seeding races. Conformance tests call this right after building a
+// model: a no-op when the ranks are processes, what makes the test launcher-independent otherwise.
+void sync_from_rank0(nn::Module& model);
+
 void check_sharded_parity(nn::Module& reference, nn::Module& sharded, const std::string& what);
 
 std::string error_of(const std::function<void()>& fn);
