@@ -125,6 +125,28 @@ void parity_grid() {
 TDC_DIST_TEST(FSDPTest, TrainParityWorld2, .world_size = 2, .timeout_s = 120) { parity_grid(); }
 TDC_DIST_TEST(FSDPTest, TrainParityWorld3, .world_size = 3, .timeout_s = 120) { train_parity("mlp", true, false); }
 
+// One model called twice before backward (two inputs in one graph): every block's group has two
+// autograd nodes; the first to run must not free the storage the other call's saved tensors use.
+TDC_DIST_TEST(FSDPTest, TwoForwardsOneBackward, .world_size = 2) {
+  harness::subtests({{"model", {std::string("mlp"), std::string("transformer")}}}, [](const harness::Params& prm) {
+    const std::string name = prm.get<std::string>("model");
+    conformance::world();
+    at::manual_seed(42);
+    nn::ModulePtr model = make_model(name);
+    nn::ModulePtr ref = reference_copy(*model);
+    shard_model(*model, name, {});
+    at::Tensor a = make_input(name, 10 + ctx().rank), b = make_input(name, 20 + ctx().rank);
+    at::Tensor loss = (*model)(a).sum() + (*model)(b).pow(2).sum();
+    loss.backward();
+    at::Tensor ref_loss = (*ref)(a).sum() + (*ref)(b).pow(2).sum();
+    ref_loss.backward();
+    average_reference_grads(*ref);
+    expect_close(loss, ref_loss, "loss");
+    check_sharded_parity(*ref, *model, "two forwards:");
+    EXPECT_EQ(fsdp::memory_stats().unsharded_bytes, 0) << "everything resharded after backward";
+  });
+}
+
 // HSDP: (replicate 2, shard 2); parameters (Replicate(), Shard(0)); gradients averaged over all 4.
 TDC_DIST_TEST(FSDPTest, HSDPTrainParity, .world_size = 4, .timeout_s = 120) {
   conformance::world();

@@ -114,6 +114,10 @@ struct ParamGroup {
   MixedPrecisionPolicy mp;
   OffloadPolicy offload;
   bool unsharded = false;
+  // Autograd nodes of this group whose backward has not run yet (one per forward call with grad):
+  // a module called twice before backward reshards only after its last node ran, since the other
+  // call's saved tensors alias the same unsharded storage.
+  int pending_nodes = 0;
   bool gather_checked = false, reduce_checked = false;  // [Note: FSDP's collectives skip ...]
   bool reshard_after_backward = true;
   bool requires_sync = true;
@@ -487,6 +491,7 @@ nn::Tensors FSDPState::pre_forward(nn::Tensors inputs) {
     for (auto& p : group.params) shards.push_back(p.shard);
     torch::autograd::variable_list unsharded =
         UnshardFunction::apply(c10::make_intrusive<GroupRef>(shared_from_this()), at::TensorList(shards));
+    if (!unsharded.empty() && unsharded[0].requires_grad()) ++group.pending_nodes;
     for (size_t i = 0; i < group.params.size(); ++i) {
       for (auto& [m, name] : group.params[i].uses) m->set_param_substitute(name, unsharded[i]);
     }
@@ -529,7 +534,8 @@ void FSDPState::pre_backward() {
 std::vector<at::Tensor> FSDPState::post_backward(const std::vector<at::Tensor>& grads) {
   group.check_unmodified("backward");
   std::vector<at::Tensor> out = group.reduce(grads);
-  if (group.reshard_after_backward) group.reshard();
+  group.pending_nodes = std::max(0, group.pending_nodes - 1);
+  if (group.reshard_after_backward && group.pending_nodes == 0) group.reshard();
   return out;
 }
 
@@ -538,6 +544,7 @@ void FSDPState::end_of_backward() {
   for (auto& w : tree) {
     auto s = w.lock();
     if (!s) continue;
+    s->group.pending_nodes = 0;  // nodes of unused outputs never run
     if (s->group.reshard_after_backward) s->group.reshard();
   }
 }
