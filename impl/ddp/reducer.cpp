@@ -328,6 +328,11 @@ void Reducer::begin_backward() {
   });
   std::vector<size_t> unused = std::move(unused_);
   unused_.clear();
+  locally_used_.clear();
+  if (options_.find_unused_parameters) {
+    locally_used_.assign(params_.size(), 1);
+    for (size_t i : unused) locally_used_[i] = 0;
+  }
   for (size_t i : unused) mark_ready_locked(i);
 }
 
@@ -386,8 +391,20 @@ void Reducer::finalize_backward() {
     throw std::runtime_error(error_);
   }
   at::NoGradGuard no_grad;
+  // Parameters no rank used keep their .grad as it was (None stays None), as PyTorch's reducer.
+  std::vector<char> globally_unused(params_.size(), 0);
+  if (!locally_used_.empty()) {
+    at::Tensor used = at::tensor(locally_used_, at::kInt);
+    if (group_->size() > 1) {
+      ChecksOff checks_off;  // same size on every rank: one flag per parameter
+      comm::all_reduce(used, comm::ReduceOp::SUM, group_);
+    }
+    for (size_t i = 0; i < params_.size(); ++i) globally_unused[i] = used[i].item<int32_t>() == 0;
+    locally_used_.clear();
+  }
   for (auto& b : buckets_) {
     for (size_t s = 0; s < b.vars.size(); ++s) {
+      if (globally_unused[b.vars[s]]) continue;
       at::Tensor& p = params_[b.vars[s]];
       at::Tensor avg = b.flat.narrow(0, b.offsets[s], p.numel()).view(p.sizes());
       at::Tensor& g = p.mutable_grad();

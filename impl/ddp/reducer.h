@@ -98,6 +98,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   size_t ready_count_ = 0;
   size_t next_bucket_ = 0;          // buckets launch in index order
   std::vector<size_t> unused_;      // found by post_forward, marked ready by begin_backward
+  // With find_unused_parameters: 1 where this rank's forward used the parameter (this backward);
+  // summed over the group at the end of backward, 0 = unused on every rank (its .grad is left
+  // as it was, None if it was None: PyTorch's globally-unused rule).
+  std::vector<int32_t> locally_used_;
   std::string error_;               // a failed backward's message, rethrown by pre_forward
   BackwardStats stats_;
 };

@@ -8,7 +8,8 @@
 // the rest of backward still runs — and all buckets are waited for at the end of backward.
 // no_sync() accumulates local gradients without communication; the next synchronised backward
 // reduces the accumulated gradients. With find_unused_parameters, parameters the forward's
-// autograd graph does not reach are marked ready (zero-filled) at the start of backward; without
+// autograd graph does not reach are marked ready (zero-filled) at the start of backward, and a
+// parameter no rank used keeps its .grad as it was (None stays None, as PyTorch); without
 // it, a parameter that got no gradient is an error at the end of backward (and at every later
 // forward) naming it. Averages are SUM then divide on Gloo (tdc::comm's AVG emulation).
 // Parameter names in messages are the wrapped module's FQNs (no "module." prefix).
