@@ -508,4 +508,50 @@ TDC_DIST_TEST(CommTest, BackendRegistryAndExamplePlugin, .world_size = 4) {
   EXPECT_EQ(served() - before, 7);
 }
 
+// Patch points (spec B.7): the newest patch sees every all_gather_into_tensor / reduce_scatter_tensor
+// of this rank with the real op as call_original; destroying it restores the previous one.
+TDC_DIST_TEST(CommTest, PatchPoints, .world_size = 2) {
+  auto group = tdc::conformance::world();
+  const int n = group->size();
+  auto gather = [&] {
+    at::Tensor in = at::full({2}, static_cast<float>(group->rank())), out = at::empty({2 * n});
+    tdc::comm::all_gather_into_tensor(out, in, group);
+    return out;
+  };
+  int outer = 0, inner = 0;
+  {
+    tdc::comm::PatchAllGather p1([&](at::Tensor&, const at::Tensor&, const tdc::comm::GroupPtr&, bool,
+                                     const std::function<tdc::comm::Work()>& original) {
+      ++outer;
+      return original();
+    });
+    EXPECT_TRUE(gather().equal(at::tensor({0.f, 0.f, 1.f, 1.f})));
+    {
+      tdc::comm::PatchAllGather p2([&](at::Tensor&, const at::Tensor&, const tdc::comm::GroupPtr&, bool,
+                                       const std::function<tdc::comm::Work()>& original) {
+        ++inner;
+        return original();
+      });
+      gather();
+      gather();
+    }
+    gather();
+  }
+  gather();
+  EXPECT_EQ(outer, 2) << "the outer patch saw the calls before and after the inner one";
+  EXPECT_EQ(inner, 2) << "the inner patch saw its two calls, the outer one did not";
+
+  int rs = 0;
+  tdc::comm::PatchReduceScatter p3([&](at::Tensor&, const at::Tensor&, tdc::comm::ReduceOp op,
+                                       const tdc::comm::GroupPtr&, bool, const std::function<tdc::comm::Work()>& original) {
+    EXPECT_EQ(op, tdc::comm::ReduceOp::SUM);
+    ++rs;
+    return original();
+  });
+  at::Tensor in = at::ones({2 * n}), out = at::empty({2});
+  tdc::comm::reduce_scatter_tensor(out, in, tdc::comm::ReduceOp::SUM, group);
+  EXPECT_EQ(rs, 1);
+  EXPECT_TRUE(out.equal(at::full({2}, static_cast<float>(n))));
+}
+
 }  // namespace

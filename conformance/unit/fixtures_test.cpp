@@ -521,4 +521,33 @@ TDC_DIST_TEST(FixturesTest, ModuleWithDelaySleepsAfterLossAndDelegates) {
   EXPECT_EQ(m->named_params()[0].first, "module.module.0.weight");
 }
 
+// delay_before_reduction_ms: every reduce-scatter issued during run_backward sleeps first (the
+// backward here issues two, from a gradient hook); outside run_backward there is no delay.
+TDC_DIST_TEST(FixturesTest, ModuleWithDelaySleepsBeforeEachReduceScatter) {
+  auto group = conformance::world();
+  auto m = NestedWrappedModuleWithDelay::init(group, FSDPInitMode::NO_FSDP, DEVICEInitMode::DEVICE_AFTER, {}, true,
+                                              /*delay_after_loss_ms=*/0, /*delay_before_reduction_ms=*/40);
+  auto reduce_scatter_twice = [&] {
+    for (int i = 0; i < 2; ++i) {
+      at::Tensor in = at::ones({2 * group->size()}), out = at::empty({2});
+      comm::reduce_scatter_tensor(out, in, comm::ReduceOp::SUM, group);
+      EXPECT_TRUE(out.equal(at::full({2}, static_cast<float>(group->size()))));
+    }
+  };
+  at::Tensor x = at::ones({3}).requires_grad_();
+  at::Tensor y = x * 2;
+  y.register_hook([&](const at::Tensor& g) {
+    reduce_scatter_twice();
+    return g;
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  m->run_backward(y.sum());
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(ms, 80) << "two reduce-scatters, 40 ms before each";
+  t0 = std::chrono::steady_clock::now();
+  reduce_scatter_twice();
+  ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(ms, 80) << "the patch ends with run_backward";
+}
+
 }  // namespace

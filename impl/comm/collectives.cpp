@@ -228,14 +228,34 @@ Work all_reduce(at::Tensor& tensor, ReduceOp op, const GroupPtr& group, bool asy
   return detail::all_reduce(tensor, op, group, async_op, OpKind::AllReduce);
 }
 
+namespace {
+thread_local AllGatherPatch t_all_gather_patch;
+thread_local ReduceScatterPatch t_reduce_scatter_patch;
+}  // namespace
+
+PatchAllGather::PatchAllGather(AllGatherPatch fn) : previous_(std::move(t_all_gather_patch)) {
+  t_all_gather_patch = std::move(fn);
+}
+PatchAllGather::~PatchAllGather() { t_all_gather_patch = std::move(previous_); }
+PatchReduceScatter::PatchReduceScatter(ReduceScatterPatch fn) : previous_(std::move(t_reduce_scatter_patch)) {
+  t_reduce_scatter_patch = std::move(fn);
+}
+PatchReduceScatter::~PatchReduceScatter() { t_reduce_scatter_patch = std::move(previous_); }
+
 Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const GroupPtr& group,
                             bool async_op) {
-  return detail::all_gather_into_tensor(output, input, group, async_op, OpKind::AllGatherBase);
+  auto original = [&] { return detail::all_gather_into_tensor(output, input, group, async_op, OpKind::AllGatherBase); };
+  if (t_all_gather_patch) return t_all_gather_patch(output, input, group, async_op, original);
+  return original();
 }
 
 Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op,
                            const GroupPtr& group, bool async_op) {
-  return detail::reduce_scatter_tensor(output, input, op, group, async_op, OpKind::ReduceScatterBase);
+  auto original = [&] {
+    return detail::reduce_scatter_tensor(output, input, op, group, async_op, OpKind::ReduceScatterBase);
+  };
+  if (t_reduce_scatter_patch) return t_reduce_scatter_patch(output, input, op, group, async_op, original);
+  return original();
 }
 
 Work all_to_all_single(at::Tensor& output, const at::Tensor& input,

@@ -72,6 +72,40 @@ Work send(const at::Tensor& tensor, int dst, const GroupPtr& group = {}, int tag
 Work recv(at::Tensor& tensor, int src, const GroupPtr& group = {}, int tag = 0);
 void barrier(const GroupPtr& group = {});
 
+// ---------------------------------------------------------------- test patch points
+// Spec B.7's patch_all_gather / patch_reduce_scatter: while a patch object lives on the calling
+// thread (rank), all_gather_into_tensor / reduce_scatter_tensor call its function instead, with
+// the arguments and `call_original` (the real collective: call it, or not, exactly once to keep
+// the ranks in step). Tests use them to delay or observe collectives (e.g. a sleep before every
+// reduce-scatter). Per thread, so no barrier is needed around the swap; nested patches: the
+// newest wins, and its call_original runs the real op. The differentiable collectives
+// (functional.h) and DTensor's are not patched, as PyTorch's patch targets the c10d entry points.
+using AllGatherPatch = std::function<Work(at::Tensor& output, const at::Tensor& input, const GroupPtr& group,
+                                          bool async_op, const std::function<Work()>& call_original)>;
+using ReduceScatterPatch =
+    std::function<Work(at::Tensor& output, const at::Tensor& input, ReduceOp op, const GroupPtr& group,
+                       bool async_op, const std::function<Work()>& call_original)>;
+class PatchAllGather {
+ public:
+  explicit PatchAllGather(AllGatherPatch fn);
+  ~PatchAllGather();
+  PatchAllGather(const PatchAllGather&) = delete;
+  PatchAllGather& operator=(const PatchAllGather&) = delete;
+
+ private:
+  AllGatherPatch previous_;
+};
+class PatchReduceScatter {
+ public:
+  explicit PatchReduceScatter(ReduceScatterPatch fn);
+  ~PatchReduceScatter();
+  PatchReduceScatter(const PatchReduceScatter&) = delete;
+  PatchReduceScatter& operator=(const PatchReduceScatter&) = delete;
+
+ private:
+  ReduceScatterPatch previous_;
+};
+
 // Turn the cross-rank argument checks on or off for the calling thread (default from
 // TDC_COMM_CHECKS, on unless "0").
 void set_argument_checks(bool enabled);
