@@ -29,6 +29,7 @@
 #include <torch/version.h>
 
 #include "bench_common.h"
+#include "bench_models.h"
 #include "tdc/comm/collectives.h"
 #include "tdc/conformance/support.h"
 #include "tdc/ddp/ddp.h"
@@ -55,30 +56,8 @@ struct ModelCase {
   at::Tensor (*target)(int64_t batch, at::Generator& gen);
 };
 
-constexpr int64_t kMlpDim = 256;
-tdc::nn::ModulePtr make_mlp_stack() { return std::make_shared<tdc::fixtures::MLPStack>(kMlpDim); }
-tdc::nn::Tensors mlp_inputs(int64_t b, at::Generator& g) { return {at::randn({b, kMlpDim}, g)}; }
-at::Tensor mlp_target(int64_t b, at::Generator& g) { return at::randn({b, kMlpDim}, g); }
+using namespace tdc::bench::models;
 
-tdc::fixtures::ModelArgs transformer_args() {
-  tdc::fixtures::ModelArgs a;
-  a.n_layers = 2;
-  a.vocab_size = 512;
-  a.max_seq_len = 64;
-  a.dim = 128;
-  a.n_heads = 4;
-  a.dropout_p = 0.0;
-  return a;
-}
-tdc::nn::ModulePtr make_transformer() { return std::make_shared<tdc::fixtures::Transformer>(transformer_args()); }
-tdc::nn::Tensors tf_inputs(int64_t b, at::Generator& g) {
-  auto a = transformer_args();
-  return {at::randint(a.vocab_size, {b, a.max_seq_len}, g)};
-}
-at::Tensor tf_target(int64_t b, at::Generator& g) {
-  auto a = transformer_args();
-  return at::randint(a.vocab_size, {b, a.max_seq_len}, g);
-}
 
 at::Tensor loss_of(const at::Tensor& y, const at::Tensor& target) {
   if (target.scalar_type() == at::kLong) return at::cross_entropy_loss(y.flatten(0, 1), target.flatten());
