@@ -256,7 +256,9 @@ TDC_DIST_TEST(TestFullyShardAllGatherExtensionsMultiThread, test_all_gather_exte
         sync_shadows(*model);
       }
       EXPECT_GT(two.post_calls_without_out, 0);
-      if (reshard) EXPECT_GT(two.post_calls_with_out, 0);
+      if (reshard) {
+        EXPECT_GT(two.post_calls_with_out, 0);
+      }
     });
   }
 }
