@@ -64,7 +64,6 @@ TDC_DIST_TEST(TestFullyShard2DTraining, test_train_parity_2d_mlp, .world_size = 
         const int64_t dp_pg_rank = dp_mesh.get_local_rank();
         at::manual_seed(42);
         auto model = std::make_shared<fixtures::MLPStack>(mlp_dim);
-  conformance::sync_from_rank0(*model);
         conformance::sync_from_rank0(*model);
         nn::ModulePtr ref_model = model->deep_copy();
         ref_model->to(fixtures::device_type());

@@ -14,6 +14,23 @@ const bool declared = [] {
                                           "fsdp2.all_gather_extensions"});
   return true;
 }();
+
+// The run's backend must exist here (built in, or registered by --tdc_backend_lib), checked once
+// before any test instead of failing every test with the same message.
+void check_backend(const harness::PreflightSettings& s) {
+  auto& registry = comm::BackendRegistry::instance();
+  if (!s.backend_lib.empty()) registry.load_plugin(s.backend_lib);  // throws naming the library
+  if (!registry.has(s.backend))
+    throw std::invalid_argument(fmt::format(
+        "backend '{}': unknown c10d backend (known here: {}{}); a backend from a plug-in needs "
+        "its library (tdc run --backend-lib LIB)",
+        s.backend, fmt::join(registry.names(), ", "),
+        s.backend_lib.empty() ? "" : fmt::format(", after loading {}", s.backend_lib)));
+}
+const bool preflight_registered = [] {
+  harness::register_preflight(&check_backend);
+  return true;
+}();
 }  // namespace
 
 comm::GroupPtr world() {

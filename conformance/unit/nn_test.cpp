@@ -9,6 +9,7 @@
 #include <chrono>
 #include <fstream>
 
+#include "tdc/conformance/pytorch_goldens.h"
 #include "tdc/harness/harness.h"
 #include "tdc/nn/checkpoint.h"
 #include "tdc/nn/layers.h"
@@ -418,14 +419,8 @@ at::Tensor inp(std::vector<int64_t> shape, double off = 0.0) {
   return at::sin(at::arange(n, at::kFloat) * 0.37 + off).reshape(shape);
 }
 
-const nlohmann::json& goldens() {
-  static nlohmann::json j = [] {
-    std::ifstream f(std::string(TDC_GOLDEN_DIR) + "/nn_layers.json");
-    if (!f) throw std::runtime_error(std::string("cannot open ") + TDC_GOLDEN_DIR + "/nn_layers.json");
-    return nlohmann::json::parse(f);
-  }();
-  return j;
-}
+// Computed by the venv's PyTorch on this machine (pytorch_goldens.h).
+const nlohmann::json& goldens() { return tdc::conformance::pytorch_goldens("nn_layers.json"); }
 
 void expect_summary(const std::string& what, const at::Tensor& t, const nlohmann::json& g, double tol) {
   std::vector<int64_t> shape = g["shape"].get<std::vector<int64_t>>();

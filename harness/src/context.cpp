@@ -57,13 +57,51 @@ const RankContext& ctx() {
 
 bool in_rank() { return t_ctx != nullptr; }
 
+namespace {
+// [Note: a rank that left cannot enter a barrier] Every rank records in the store how its body
+// ended ("pass", "fail" or "skip") and bumps tdc/left. A barrier that waits for a rank that has
+// left would block until the deadline; it checks tdc/left while it waits and, if a rank left
+// without entering it, ends now. A rank that left after passing this barrier set the barrier's
+// done key first, so done is checked again after a departure is seen (no false alarm).
+const std::string kLeftCount = "tdc/left";
+std::string left_key(int rank) { return fmt::format("tdc/left/{}", rank); }
+
+std::string store_str(c10d::Store& s, const std::string& key) {
+  auto v = s.get(key);
+  return std::string(v.begin(), v.end());
+}
+
+[[noreturn]] void peer_left_barrier(const RankContext& c, int barrier_index) {
+  std::vector<std::string> quiet, loud;
+  for (int r = 0; r < c.world_size; ++r) {
+    if (r == c.rank || !c.store->check({left_key(r)})) continue;
+    std::string how = store_str(*c.store, left_key(r));
+    (how == "pass" ? loud : quiet).push_back(fmt::format("rank {} ({})", r, how));
+  }
+  // A peer that failed or skipped already explains the test's outcome: end this rank quietly.
+  if (loud.empty()) throw detail::PeerLeft(fmt::format("{} left", fmt::join(quiet, ", ")));
+  throw std::runtime_error(fmt::format(
+      "barrier #{}: {} returned from the test body without entering this barrier; the ranks are "
+      "misaligned (a rank skipped a collective or barrier the others entered)",
+      barrier_index, fmt::join(loud, ", ")));
+}
+}  // namespace
+
 void barrier() {
   const auto& c = ctx();
   if (c.world_size == 1) return;
   // Keys are unique per test (fresh store) and per barrier (counter), so no reset is needed.
-  const std::string key = fmt::format("tdc/barrier/{}", t_barrier_count++);
-  if (c.store->add(key, 1) == c.world_size) c.store->set(key + "/done", std::vector<uint8_t>{1});
-  c.store->wait({key + "/done"});
+  const int index = t_barrier_count++;
+  const std::string key = fmt::format("tdc/barrier/{}", index), done = key + "/done";
+  if (c.store->add(key, 1) == c.world_size) c.store->set(done, std::vector<uint8_t>{1});
+  for (;;) {
+    try {
+      c.store->wait({done}, std::chrono::milliseconds(100));
+      return;
+    } catch (const c10::Error&) {  // timed out ("Wait timeout"): has a rank left instead of coming?
+    }
+    if (c.store->add(kLeftCount, 0) > 0 && !c.store->check({done})) peer_left_barrier(c, index);
+  }
 }
 
 int device_count() {
@@ -174,13 +212,17 @@ class RankReporter : public testing::ScopedFakeTestPartResultReporter {
       return;
     }
     failed_ = true;
+    // ADD_FAILURE() << m and FAIL() << m arrive as "Failed\nm": the first line should say what.
+    std::string message = r.message();
+    if (message.rfind("Failed\n", 0) == 0) message.erase(0, 7);
     sink_.write({{"e", "fail"},
                  {"rank", rank_},
                  {"file", r.file_name() ? r.file_name() : ""},
                  {"line", r.line_number()},
-                 {"msg", prefix + r.message()}});
+                 {"msg", prefix + message}});
   }
   bool failed() const { return failed_; }
+  bool skipped() const { return skipped_; }
 
  private:
   testing::TestPartResultArray unused_;
@@ -188,6 +230,17 @@ class RankReporter : public testing::ScopedFakeTestPartResultReporter {
   int rank_;
   bool failed_ = false, skipped_ = false;
 };
+
+// Records how this rank's body ended, for barriers that other ranks are still waiting in.
+void mark_left(const RankContext& c, const std::string& how) {
+  if (c.world_size == 1 || !c.store) return;
+  try {
+    c.store->set(left_key(c.rank), std::vector<uint8_t>(how.begin(), how.end()));
+    c.store->add(kLeftCount, 1);
+  } catch (const std::exception&) {
+    // The store is gone (the parent is tearing the test down): nobody is waiting any more.
+  }
+}
 
 }  // namespace
 
@@ -197,12 +250,15 @@ void run_rank(const RankContext& c, const std::function<void()>& body, EventSink
   ContextScope scope(c);
   {
     RankReporter reporter(sink, c.rank);
+    bool failed_by_exception = false;
     auto report_exception = [&](const std::string& what) {
+      failed_by_exception = true;
       std::string msg = fmt::format("[rank {}] ", c.rank);
       if (!t_subtest.empty()) msg += "[subtest " + t_subtest + "] ";
       sink.write({{"e", "fail"}, {"rank", c.rank}, {"file", ""}, {"line", 0},
                   {"msg", msg + "uncaught exception: " + what}});
     };
+    const char* how = "pass";
     try {
       // Thread ranks share one process: the launcher sets threads and the seed once, before the
       // rank threads start (a per-thread manual_seed would race with other ranks' draws).
@@ -213,6 +269,8 @@ void run_rank(const RankContext& c, const std::function<void()>& body, EventSink
       if (c.device.is_cuda())
         c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(c.device);
       body();
+    } catch (const PeerLeft&) {
+      // A peer failed or skipped and left; its own event explains the outcome.
     } catch (const c10::Error& e) {
       report_exception(e.what_without_backtrace());
     } catch (const std::exception& e) {
@@ -220,6 +278,8 @@ void run_rank(const RankContext& c, const std::function<void()>& body, EventSink
     } catch (...) {
       report_exception("(not a std::exception)");
     }
+    how = reporter.failed() || failed_by_exception ? "fail" : reporter.skipped() ? "skip" : "pass";
+    mark_left(c, how);
   }
   double dur = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   sink.write({{"e", "done"}, {"rank", c.rank}, {"dur", dur}});

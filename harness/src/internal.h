@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -28,6 +29,12 @@ class EventSink {
 
  private:
   int fd_;
+};
+
+// Thrown by barrier() when a peer that failed or skipped has left the body: ends this rank's
+// body without a failure of its own (the peer's event already explains the outcome).
+struct PeerLeft : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 // Runs `body` as rank ctx.rank on the calling thread: installs the context, seeds, intercepts

@@ -419,6 +419,9 @@ void run_distributed(const char* suite, const char* name, const TestOptions& opt
     case Status::Crash:
       ADD_FAILURE() << "CRASH: " << o.message;
       return;
+    case Status::Flaky:  // only `tdc run --repeat` makes this verdict, never one launch
+      ADD_FAILURE() << "FLAKY: " << o.message;
+      return;
   }
 }
 

@@ -42,6 +42,32 @@ int parse_int(const std::string& flag, const std::string& v) {
 
 bool truthy(const std::string& v) { return v == "1" || v == "true" || v == "yes" || v.empty(); }
 
+bool& preflight_requested() {
+  static bool requested = false;
+  return requested;
+}
+
+std::vector<PreflightCheck>& preflight_checks() {
+  static std::vector<PreflightCheck> checks;
+  return checks;
+}
+
+// The harness's own check (devices), then the implementation's; the first failure's message.
+std::optional<std::string> preflight_error() {
+  const RunSettings& s = settings();
+  PreflightSettings p{s.backend, s.backend_lib, s.device_type};
+  try {
+    if (s.device_type == "cuda" && device_count() == 0)
+      throw std::invalid_argument(
+          "device 'cuda': no CUDA device is visible to this process (device count 0: a CPU-only "
+          "LibTorch build, or no GPU on this host)");
+    for (PreflightCheck check : preflight_checks()) check(p);
+  } catch (const std::exception& e) {
+    return std::string(e.what());
+  }
+  return std::nullopt;
+}
+
 // One place for every setting: name (flag --tdc_<name>, env TDC_<NAME>) -> how to apply it.
 void apply(const std::string& name, const std::string& value, bool has_value) {
   RunSettings& s = settings();
@@ -59,6 +85,8 @@ void apply(const std::string& name, const std::string& value, bool has_value) {
     s.device_type = value;
   } else if (name == "timeout") need(), s.timeout_s = parse_double(flag, value);
   else if (name == "abort_grace") need(), s.abort_grace_s = parse_double(flag, value);
+  else if (name == "stacks_timeout") need(), s.stacks_timeout_s = parse_double(flag, value);
+  else if (name == "preflight") preflight_requested() = truthy(value);
   else if (name == "world_size") {
     need();
     s.default_world_size = parse_int(flag, value);
@@ -102,14 +130,14 @@ void apply(const std::string& name, const std::string& value, bool has_value) {
         "unknown flag {} (known: --tdc_launcher, --tdc_backend, --tdc_backend_lib, --tdc_device, "
         "--tdc_timeout, --tdc_world_size, --tdc_keep_temp, --tdc_show_output, --tdc_stacks, "
         "--tdc_results, --tdc_junit, --tdc_expectations, --tdc_events_fd, --tdc_implementation, "
-        "--tdc_abort_grace)",
+        "--tdc_abort_grace, --tdc_stacks_timeout, --tdc_preflight)",
         flag));
   }
 }
 
 const char* kEnvSettings[] = {"launcher", "backend", "backend_lib", "device", "timeout", "world_size",
                               "keep_temp", "show_output", "stacks", "results", "junit", "expectations",
-                              "implementation", "abort_grace"};
+                              "implementation", "abort_grace", "stacks_timeout"};
 
 // ---------------------------------------------------------------- results listener
 class ResultsListener : public testing::EmptyTestEventListener {
@@ -203,6 +231,8 @@ class ResultsListener : public testing::EmptyTestEventListener {
 
 }  // namespace
 
+void register_preflight(PreflightCheck check) { preflight_checks().push_back(check); }
+
 bool init(int* argc, char** argv, std::string* error) {
   try {
     for (const char* name : kEnvSettings) {
@@ -238,6 +268,15 @@ int main(int argc, char** argv) {
   if (!init(&argc, argv, &error)) {
     std::fprintf(stderr, "tdc: %s\n", error.c_str());
     return 2;
+  }
+  if (preflight_requested()) {
+    if (auto err = preflight_error()) {
+      std::fprintf(stderr, "tdc: %s\n", err->c_str());
+      return 2;
+    }
+    std::printf("tdc: preflight ok (backend %s, device %s)\n", settings().backend.c_str(),
+                settings().device_type.c_str());
+    return 0;
   }
   testing::InitGoogleTest(&argc, argv);
   if (detail::child_spec().active) return RUN_ALL_TESTS();  // the rank _exit()s inside its test

@@ -167,6 +167,12 @@ void Supervisor::handle_events(std::string& buf) {
     const std::string e = j.value("e", "");
     if (e == "fail") {
       rs.failures.push_back({r, j.value("file", ""), j.value("line", 0), j.value("msg", "")});
+      failures_in_order_.push_back(rs.failures.back());
+      // [Note: the first failure starts the abort] A failure need not end its rank's body: after a
+      // failed EXPECT or an exception caught by subtests() the rank goes on, possibly past a
+      // collective the others are blocked in. Waiting for its "done" would turn the failure into a
+      // TIMEOUT after the full deadline, so the grace starts at the failure itself.
+      if (first_bad_rank_ < 0) first_bad_rank_ = r;
     } else if (e == "skip") {
       rs.skipped = true;
       rs.skips.push_back(j.value("msg", ""));
@@ -251,21 +257,8 @@ Outcome Supervisor::run() {
     }
   }
 
-  std::string stacks;
-  if (timed_out) {
-    // Every live process at once: signal stacks take milliseconds each, gdb seconds each.
-    std::vector<std::future<std::string>> pending;
-    for (auto& c : children_) {
-      if (c.exited) continue;
-      std::string label = c.ranks.size() == 1 ? fmt::format("rank {}", c.ranks[0])
-                                              : fmt::format("ranks {} (threads)", fmt::join(c.ranks, ","));
-      pending.push_back(std::async(std::launch::async, [label, pid = c.pid, path = c.stacks_path] {
-        return fmt::format("==== stacks of {} (pid {}) ====\n{}", label, pid,
-                           capture_stacks(pid, path, settings().stacks == "signal" ? 2.0 : 20.0));
-      }));
-    }
-    for (auto& f : pending) stacks += f.get();
-  }
+  // On a timeout, and when ranks are stopped after another failed: where each one was stuck.
+  std::string stacks = capture_live_stacks();
   for (auto& c : children_) {
     if (!c.exited) {
       for (int r : c.ranks)
@@ -283,6 +276,23 @@ Outcome Supervisor::run() {
     drain(c);
   }
   return make_outcome(timed_out, stacks, elapsed);
+}
+
+std::string Supervisor::capture_live_stacks() const {
+  // Every live process at once: signal stacks take milliseconds each, gdb seconds each.
+  std::vector<std::future<std::string>> pending;
+  for (auto& c : children_) {
+    if (c.exited) continue;
+    std::string label = c.ranks.size() == 1 ? fmt::format("rank {}", c.ranks[0])
+                                            : fmt::format("ranks {} (threads)", fmt::join(c.ranks, ","));
+    pending.push_back(std::async(std::launch::async, [label, pid = c.pid, path = c.stacks_path] {
+      return fmt::format("==== stacks of {} (pid {}) ====\n{}", label, pid,
+                         capture_stacks(pid, path, settings().stacks_budget_s()));
+    }));
+  }
+  std::string stacks;
+  for (auto& f : pending) stacks += f.get();
+  return stacks;
 }
 
 namespace {
@@ -352,7 +362,6 @@ Outcome Supervisor::make_outcome(bool timed_out, const std::string& stacks, doub
       std::vector<std::string> m;
       for (auto& f : rs.failures) m.push_back(f.message);
       d.message = fmt::format("{}", fmt::join(m, "\n"));
-      fail_msgs.push_back(d.message);
     }
     if (rs.skipped) {
       skipped_ranks.push_back(r);
@@ -364,6 +373,9 @@ Outcome Supervisor::make_outcome(bool timed_out, const std::string& stacks, doub
     if (d.status == "crash" && c) d.message = crash_reason(*c, r);
     o.ranks.push_back(std::move(d));
   }
+
+  // In the order they happened: the first line of a FAIL is the failure that started the abort.
+  for (auto& f : failures_in_order_) fail_msgs.push_back(f.message);
 
   for (auto& c : children_) {
     bool any_crashed = false;
@@ -396,10 +408,30 @@ Outcome Supervisor::make_outcome(bool timed_out, const std::string& stacks, doub
           aborted_ranks_.empty() ? "" : fmt::format(", stopped while running on [{}]", fmt::join(aborted_ranks_, ", ")));
     }
   }
+  // A rank that returned cleanly while the others failed or hung is the usual cause of a
+  // misalignment (it skipped a collective they entered): say so.
+  std::vector<int> returned_clean;
+  for (int r = 0; r < spec_.world_size; ++r)
+    if (ranks_[r].done && ranks_[r].failures.empty() && !ranks_[r].skipped) returned_clean.push_back(r);
+  if ((o.status == Status::Timeout || o.status == Status::Fail) && !returned_clean.empty() &&
+      returned_clean.size() < static_cast<size_t>(spec_.world_size)) {
+    const std::string note = fmt::format(
+        "ranks [{}] returned from the test body without a failure while the others {}; a rank that "
+        "skips a collective the others enter leaves them waiting",
+        fmt::join(returned_clean, ", "), timed_out ? "were still running" : "failed or were stopped");
+    // Before the stacks of a timeout, after the failures of a FAIL.
+    if (timed_out) {
+      auto nl = o.message.find('\n');
+      o.message.insert(nl == std::string::npos ? o.message.size() : nl, "\n" + note);
+    } else {
+      o.message += "\n" + note;
+    }
+  }
   if (!aborted_ranks_.empty() && !timed_out && o.status != Status::Pass && first_bad_rank_ >= 0 &&
       o.status != Status::Skip && o.status != Status::NotSupported) {
     o.message += fmt::format("\nranks [{}] were stopped after rank {} failed", fmt::join(aborted_ranks_, ", "),
                              first_bad_rank_);
+    if (!stacks.empty()) o.message += "\n" + stacks;
   }
   return o;
 }

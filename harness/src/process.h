@@ -50,13 +50,15 @@ class Supervisor {
   Outcome make_outcome(bool timed_out, const std::string& stacks, double elapsed);
   bool child_crashed(const ChildProc& c) const;
   std::string crash_reason(const ChildProc& c, int rank) const;
+  std::string capture_live_stacks() const;  // "" when every process has exited
 
   LaunchSpec spec_;
   std::string temp_dir_;
   std::vector<ChildProc> children_;
   std::vector<RankState> ranks_;
   std::vector<int> aborted_ranks_;
-  int first_bad_rank_ = -1;
+  std::vector<Failure> failures_in_order_;  // every rank's failures, as they arrived
+  int first_bad_rank_ = -1;                 // the rank whose failure, skip or crash came first
 };
 
 // A fresh private temp dir for one test ($TMPDIR or /tmp); removed by remove_temp_dir.

@@ -31,6 +31,7 @@ constexpr std::pair<Status, const char*> kStatusNames[] = {
     {Status::Skip, "SKIP"},       {Status::NotSupported, "NOT_SUPPORTED"},
     {Status::XFail, "XFAIL"},     {Status::XPass, "XPASS"},
     {Status::Timeout, "TIMEOUT"}, {Status::Crash, "CRASH"},
+    {Status::Flaky, "FLAKY"},
 };
 constexpr int kSchemaVersion = 1;
 }  // namespace
@@ -46,12 +47,13 @@ Status status_from_string(const std::string& s) {
     if (s == name) return status;
   throw std::invalid_argument(fmt::format(
       "unknown test status '{}' (expected one of PASS, FAIL, SKIP, NOT_SUPPORTED, XFAIL, XPASS, "
-      "TIMEOUT, CRASH)",
+      "TIMEOUT, CRASH, FLAKY)",
       s));
 }
 
 bool is_failure(Status s) {
-  return s == Status::Fail || s == Status::XPass || s == Status::Timeout || s == Status::Crash;
+  return s == Status::Fail || s == Status::XPass || s == Status::Timeout || s == Status::Crash ||
+         s == Status::Flaky;
 }
 
 std::map<Status, int> RunResults::counts() const {
@@ -107,6 +109,7 @@ nlohmann::json to_json(const RunResults& r) {
                {"launcher", t.launcher},
                {"ranks", std::move(ranks)}};
     if (!t.expectation.empty()) jt["expectation"] = t.expectation;
+    if (!t.repeat_statuses.empty()) jt["repeat_statuses"] = t.repeat_statuses;
     tests.push_back(std::move(jt));
   }
   // The summary is derived from "tests"; readers recompute it and ignore this copy.
@@ -232,6 +235,17 @@ RunResults results_from_json(const nlohmann::json& j) {
     t.world_size = rt.integer("world_size", false);
     t.launcher = rt.str("launcher", false);
     t.expectation = rt.str("expectation", false);
+    if (tests[k].contains("repeat_statuses")) {
+      Reader rs = rt.object("repeat_statuses");
+      for (const auto& [name, count] : tests[k]["repeat_statuses"].items()) {
+        try {
+          status_from_string(name);
+        } catch (const std::invalid_argument& e) {
+          throw std::runtime_error(fmt::format("{}: {}", rs.field(name), e.what()));
+        }
+        t.repeat_statuses[name] = rs.integer(name.c_str());
+      }
+    }
     if (tests[k].contains("ranks")) {
       const json& ranks = rt.array("ranks");
       for (size_t n = 0; n < ranks.size(); ++n) {
@@ -412,6 +426,7 @@ void append_testcase(std::string& out, const TestResult& t) {
       break;
     case Status::Fail:
     case Status::XPass:
+    case Status::Flaky:
       body = fmt::format("      <failure message=\"{}\" type=\"{}\">{}</failure>\n",
                          xml(first_line(message)), to_string(t.status), xml(message, false));
       break;
@@ -441,7 +456,7 @@ struct Tally {
     ++tests;
     time += t.duration_s;
     switch (t.status) {
-      case Status::Fail: case Status::XPass: ++failures; break;
+      case Status::Fail: case Status::XPass: case Status::Flaky: ++failures; break;
       case Status::Timeout: case Status::Crash: ++errors; break;
       case Status::Skip: case Status::NotSupported: case Status::XFail: ++skipped; break;
       case Status::Pass: break;
@@ -535,6 +550,7 @@ Expectations read_expectations(const fs::path& p) {
 }
 
 void apply_expectations(TestResult& t, const Expectations& e) {
+  if (t.status == Status::Flaky) return;  // flakes are found, not hidden: no expectation covers one
   // Exact id first; otherwise the first glob key ("Suite.*") that matches.
   const Expectation* x = nullptr;
   if (auto it = e.find(t.id); it != e.end()) {

@@ -55,6 +55,9 @@ void subtests(const Grid& grid, const std::function<void(const Params&)>& fn) {
     label = p.str();
     try {
       fn(p);
+    } catch (const detail::PeerLeft&) {
+      label.clear();
+      throw;  // a peer failed or skipped and left: this rank's body ends too
     } catch (const c10::Error& e) {
       ADD_FAILURE() << "uncaught exception: " << e.what_without_backtrace();
     } catch (const std::exception& e) {

@@ -49,6 +49,55 @@ TDC_DIST_TEST(MustFail, AssertInSubtest) {
   });
 }
 
+// ---- misaligned ranks: one rank fails (or returns) and never joins what the others wait in.
+namespace tdc_mustfail {
+// A stand-in for a collective (this binary links no process group): every rank must arrive.
+// Unlike barrier(), it does not notice ranks that left: it waits as a real collective would.
+void collective(const std::string& name) {
+  const auto& c = ctx();
+  if (c.store->add("collective/" + name, 1) == c.world_size) c.store->set("collective/" + name + "/done", std::string("1"));
+  c.store->wait({"collective/" + name + "/done"});
+}
+}  // namespace tdc_mustfail
+
+// The deadline is long on purpose: the self-tests assert the verdict comes far sooner.
+TDC_DIST_TEST(MustFail, ExceptionInSubtestThenCollective, .timeout_s = 60) {
+  tdc::harness::subtests({{"x", {1, 2}}}, [](const tdc::harness::Params& p) {
+    if (ctx().rank == 1 && p.get<int>("x") == 1) throw std::runtime_error("boom in subtest on rank 1");
+    tdc_mustfail::collective("step" + std::to_string(p.get<int>("x")));
+  });
+}
+
+TDC_DIST_TEST(MustFail, FailedAssertInSubtestThenCollective, .timeout_s = 60) {
+  tdc::harness::subtests({{"x", {1, 2}}}, [](const tdc::harness::Params& p) {
+    if (ctx().rank == 2) {
+      ASSERT_EQ(p.get<int>("x"), 2) << "rank 2 needs x == 2";  // returns before the collective
+    }
+    tdc_mustfail::collective("step" + std::to_string(p.get<int>("x")));
+  });
+}
+
+TDC_DIST_TEST(MustFail, FailedExpectThenCollective, .timeout_s = 60) {
+  if (ctx().rank == 0) {
+    EXPECT_EQ(1 + 1, 3) << "rank 0 computed the wrong sum";
+    tdc_mustfail::sleep_forever();  // and then never joins
+  }
+  tdc_mustfail::collective("after-check");
+}
+
+TDC_DIST_TEST(MustFail, ReturnEarlyWhileOthersEnterBarrier, .timeout_s = 60) {
+  barrier();
+  if (ctx().rank == 2) return;  // no failure of its own: it just does not come
+  barrier();
+}
+
+TDC_DIST_TEST(MustFail, ThreadReturnEarlyWhileOthersEnterBarrier, .timeout_s = 60,
+              .launcher = Launcher::Thread) {
+  barrier();
+  if (ctx().rank == 1) return;
+  barrier();
+}
+
 TDC_DIST_TEST(MustFail, SkipDisagreement) {
   if (ctx().rank == 0) GTEST_SKIP() << "rank 0 wants to skip";
   barrier();  // the others wait for rank 0, which never comes

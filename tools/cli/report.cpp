@@ -66,9 +66,10 @@ bool adds_to(const std::string& excerpt, const std::string& message) {
 }  // namespace
 
 void print_summary(const RunResults& r, double elapsed) {
-  static const Status kColumns[] = {Status::Pass,  Status::Fail,  Status::Skip,
-                                    Status::NotSupported, Status::XFail, Status::XPass,
-                                    Status::Timeout, Status::Crash};
+  std::vector<Status> columns = {Status::Pass,  Status::Fail,  Status::Skip,
+                                  Status::NotSupported, Status::XFail, Status::XPass,
+                                  Status::Timeout, Status::Crash};
+  if (r.counts().at(Status::Flaky) > 0) columns.push_back(Status::Flaky);  // only --repeat makes it
   std::vector<std::string> order;
   std::map<std::string, std::map<Status, int>> counts;
   std::map<std::string, double> time;
@@ -80,13 +81,13 @@ void print_summary(const RunResults& r, double elapsed) {
   size_t w = 5;
   for (const auto& s : order) w = std::max(w, std::min<size_t>(s.size(), 48));
   std::string header = fmt::format("{:<{}}", "suite", w);
-  for (Status s : kColumns) header += fmt::format(" {:>{}}", harness::to_string(s), std::max<size_t>(4, std::strlen(harness::to_string(s))));
+  for (Status s : columns) header += fmt::format(" {:>{}}", harness::to_string(s), std::max<size_t>(4, std::strlen(harness::to_string(s))));
   header += fmt::format(" {:>6} {:>9}", "total", "time");
   fmt::print("\n{}\n{}\n", header, std::string(header.size(), '-'));
   auto row = [&](const std::string& name, std::map<Status, int>& c, double t) {
     std::string line = fmt::format("{:<{}}", name.size() > w ? name.substr(0, w - 3) + "..." : name, w);
     int total = 0;
-    for (Status s : kColumns) {
+    for (Status s : columns) {
       int n = c[s];
       total += n;
       size_t cw = std::max<size_t>(4, std::strlen(harness::to_string(s)));

@@ -50,6 +50,7 @@ const std::vector<OptionSpec> kRunOptions = {
     {"build-dir", "DIR", "build directory (default $TDC_BUILD)"},
     {"idle-timeout", "S", "kill a binary that reports no test event for S seconds (default 600)"},
     {"check", nullptr, "after writing, re-read results.json and junit.xml and validate both"},
+    {"repeat", "N", "run every selected test N times; one whose status differs is FLAKY (a failure)"},
 };
 
 constexpr const char* kRunUsage =
@@ -58,7 +59,9 @@ constexpr const char* kRunUsage =
     "unit suites when there are none yet) with live progress, then writes DIR/results.json,\n"
     "DIR/junit.xml and DIR/logs/<binary>.log and prints a per-suite summary.\n"
     "Exit status: 0 when no test has a failure status (FAIL, XPASS, TIMEOUT, CRASH), 1 otherwise\n"
-    "(also when no test matches the filter), 2 on a usage or setup error, 130 when interrupted.\n\n"
+    "(also when no test matches the filter), 2 on a usage or setup error, 130 when interrupted.\n"
+    "With --repeat N each test's record carries repeat_statuses (status -> count); a test seen\n"
+    "with more than one status is FLAKY, and a FLAKY test fails the run.\n\n"
     "Options:\n";
 
 struct Binary {
@@ -77,6 +80,7 @@ struct Options {
   std::optional<fs::path> expectations;
   double idle_timeout_s = 600;
   bool check = false;
+  int repeat = 1;
   std::string backend = "gloo", device = "cpu", launcher = "fork";
 };
 
@@ -153,6 +157,7 @@ Options parse_options(const ParsedArgs& a) {
   o.out = fs::absolute(a.get("out").value_or("results"));
   o.build = resolve_build_dir(a.get("build-dir"));
   o.check = a.has("check");
+  if (auto v = a.get("repeat")) o.repeat = parse_positive_int(cmd, "repeat", *v);
   return o;
 }
 
@@ -234,9 +239,10 @@ class BinaryRunner {
  public:
   BinaryRunner(const Options& o, Progress& progress) : o_(o), progress_(progress) {}
 
-  BinaryOutcome run(const Binary& b) {
-    fs::path raw = o_.out / "raw" / (b.name + ".json");
-    fs::path log = o_.out / "logs" / (b.name + ".log");
+  // `label`: the binary's name, plus ".rep<k>" when tests are repeated (one log per repeat).
+  BinaryOutcome run(const Binary& b, const std::string& label) {
+    fs::path raw = o_.out / "raw" / (label + ".json");
+    fs::path log = o_.out / "logs" / (label + ".log");
     std::error_code ec;
     fs::remove(raw, ec);
 
@@ -448,6 +454,63 @@ std::string torch_version(const fs::path& build) {
   }
 }
 
+// Asks the first test binary whether this run can work at all (backend known, plug-in loads,
+// device present) before any test starts: one clear message and exit 2 instead of every test
+// failing the same way.
+void preflight(const std::vector<Binary>& binaries, const Options& o) {
+  for (const Binary& b : binaries) {
+    if (!fs::exists(b.path)) continue;
+    std::vector<std::string> argv = {b.path.string(), "--tdc_preflight"};
+    argv.insert(argv.end(), o.forwarded.begin(), o.forwarded.end());
+    Captured c = capture(argv, true, 120);
+    if (c.timed_out)
+      throw UsageError(fmt::format("preflight: '{}' did not answer within 120 s", b.path.string()));
+    std::string out = c.output;
+    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+    if (WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) return;
+    if (out.rfind("tdc: ", 0) == 0) out = out.substr(5);
+    bool said_why = WIFEXITED(c.status) && WEXITSTATUS(c.status) == 2;  // the harness's own answer
+    throw UsageError(fmt::format("this run cannot start: {}{}", out,
+                                 said_why ? "" : fmt::format(" ({} {})", b.name, describe_exit(c.status))));
+  }
+}
+
+// [Note: one verdict per test over repeats] With --repeat N every test ran N times. A test that
+// ended the same way each time keeps that status (and the record of its first repeat); one that
+// did not is FLAKY, whatever the mix, with the record of its first repeat that failed (or else
+// its first) so the message shows a failure. Counts per status go to repeat_statuses.
+std::vector<TestResult> merge_repeats(const std::vector<std::vector<TestResult>>& reps) {
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<std::pair<int, const TestResult*>>> seen;
+  for (size_t k = 0; k < reps.size(); ++k)
+    for (const TestResult& t : reps[k]) {
+      if (!seen.count(t.id)) order.push_back(t.id);
+      seen[t.id].push_back({static_cast<int>(k) + 1, &t});
+    }
+  std::vector<TestResult> out;
+  for (const std::string& id : order) {
+    const auto& runs = seen[id];
+    std::map<std::string, int> counts;
+    const std::pair<int, const TestResult*>* shown = &runs.front();
+    for (const auto& run : runs) {
+      ++counts[harness::to_string(run.second->status)];
+      if (harness::is_failure(run.second->status) && !harness::is_failure(shown->second->status)) shown = &run;
+    }
+    TestResult merged = *shown->second;
+    merged.repeat_statuses = counts;
+    if (counts.size() > 1) {
+      std::vector<std::string> parts;
+      for (const auto& [status, n] : counts) parts.push_back(fmt::format("{} x{}", status, n));
+      merged.status = Status::Flaky;
+      merged.message = fmt::format("statuses over {} repeats: {}; repeat {} ended {}:\n{}", runs.size(),
+                                   fmt::join(parts, ", "), shown->first,
+                                   harness::to_string(shown->second->status), shown->second->message);
+    }
+    out.push_back(std::move(merged));
+  }
+  return out;
+}
+
 }  // namespace
 
 int run_command(const std::vector<std::string>& args) {
@@ -461,6 +524,7 @@ int run_command(const std::vector<std::string>& args) {
   auto t0 = std::chrono::steady_clock::now();
 
   std::vector<Binary> binaries = select_binaries(o);
+  preflight(binaries, o);
   // The binaries put it in their own run_info too.
   std::string revision = git_revision(resolve_source_dir(o.build));
   ::setenv("TDC_SUITE_REVISION", revision.c_str(), 1);
@@ -500,36 +564,46 @@ int run_command(const std::vector<std::string>& args) {
                      "launcher {}) -> {}\n",
              total, binaries.size(), o.filter, o.backend, o.device, o.launcher, o.out.string());
 
-  Progress progress(total);
+  if (o.repeat > 1) fmt::print(stderr, "tdc run: every test {} times (--repeat)\n", o.repeat);
+  Progress progress(total * o.repeat);
   RunResults merged;
   std::map<std::string, fs::path> log_of;  // test id -> log of its binary
   bool was_interrupted = interrupted() != 0;
   bool from_binaries = false;  // run_info came from at least one binary's results
-  for (const Binary& b : binaries) {
-    if (was_interrupted) break;
-    if (b.tests.empty()) continue;
-    BinaryRunner runner(o, progress);
-    BinaryOutcome r = runner.run(b);
-    fs::path log = o.out / "logs" / (b.name + ".log");
-    for (auto& t : r.tests) {
-      if (!r.with_log_tail.count(t.id)) log_of[t.id] = log;
-      records.push_back(std::move(t));
-    }
-    if (r.results) {
-      from_binaries = true;
-      const auto& ri = r.results->run_info;
-      auto& mi = merged.run_info;
-      if (mi.implementation_version.empty()) {
-        mi.implementation = ri.implementation;
-        mi.implementation_version = ri.implementation_version;
+  std::vector<std::vector<TestResult>> repeats(o.repeat);
+  for (int rep = 0; rep < o.repeat && !was_interrupted; ++rep) {
+    for (const Binary& b : binaries) {
+      if (was_interrupted) break;
+      if (b.tests.empty()) continue;
+      BinaryRunner runner(o, progress);
+      const std::string label = o.repeat > 1 ? fmt::format("{}.rep{}", b.name, rep + 1) : b.name;
+      BinaryOutcome r = runner.run(b, label);
+      fs::path log = o.out / "logs" / (label + ".log");
+      for (auto& t : r.tests) {
+        if (!r.with_log_tail.count(t.id)) log_of[t.id] = log;
+        repeats[rep].push_back(std::move(t));
       }
-      if (mi.libtorch_version.empty()) mi.libtorch_version = ri.libtorch_version;
-      mi.world_size = std::max(mi.world_size, ri.world_size);
-      if (!ri.backend.empty()) mi.backend = ri.backend;
-      if (!ri.device.empty()) mi.device = ri.device;
-      if (!ri.launcher.empty()) mi.launcher = ri.launcher;
+      if (r.results) {
+        from_binaries = true;
+        const auto& ri = r.results->run_info;
+        auto& mi = merged.run_info;
+        if (mi.implementation_version.empty()) {
+          mi.implementation = ri.implementation;
+          mi.implementation_version = ri.implementation_version;
+        }
+        if (mi.libtorch_version.empty()) mi.libtorch_version = ri.libtorch_version;
+        mi.world_size = std::max(mi.world_size, ri.world_size);
+        if (!ri.backend.empty()) mi.backend = ri.backend;
+        if (!ri.device.empty()) mi.device = ri.device;
+        if (!ri.launcher.empty()) mi.launcher = ri.launcher;
+      }
+      was_interrupted = r.interrupted || interrupted();
     }
-    was_interrupted = r.interrupted || interrupted();
+  }
+  if (o.repeat == 1) {
+    for (auto& t : repeats[0]) records.push_back(std::move(t));
+  } else {
+    for (auto& t : merge_repeats(repeats)) records.push_back(std::move(t));
   }
   progress.finish();
   if (was_interrupted) fmt::print(stderr, "tdc run: interrupted; writing the results so far\n");

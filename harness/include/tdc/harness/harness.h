@@ -74,6 +74,21 @@ int device_count();
 void declare_capabilities(const std::string& implementation, const std::vector<std::string>& features);
 bool has_capability(const std::string& feature);
 
+// ------------------------------------------------------------------ preflight
+// Checks of a run's settings that must hold before any test starts: is the backend known, does
+// the plug-in load, is there a device of the requested type? The implementation under test (its
+// conformance glue) registers them; `--tdc_preflight` runs the harness's own checks and then
+// these in the parent process and exits 0, or 2 with the first failing check's message, before
+// any test runs. `tdc run` calls it first, so a run that cannot work stops with one message.
+struct PreflightSettings {
+  std::string backend;      // --tdc_backend
+  std::string backend_lib;  // --tdc_backend_lib, or empty
+  std::string device_type;  // --tdc_device
+};
+// A check throws (std::exception) with a message naming the setting and its value.
+using PreflightCheck = void (*)(const PreflightSettings&);
+void register_preflight(PreflightCheck check);
+
 // ------------------------------------------------------------------ registration (macros use these)
 using Body = void (*)();
 void register_suite_options(const char* suite, const TestOptions& options);

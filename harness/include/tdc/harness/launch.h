@@ -21,7 +21,11 @@ struct RunSettings {
   double timeout_s = 60;
   bool keep_temp = false;
   bool show_output = false;       // echo every rank's output even when the test passes
-  std::string stacks = "signal";  // stack capture on timeout: signal | gdb | both
+  std::string stacks = "signal";  // stack capture on timeout / abort: signal | gdb | both
+  double stacks_timeout_s = 0;    // budget per process for capturing stacks; 0: 2 s signal, 20 s gdb
+  double stacks_budget_s() const {
+    return stacks_timeout_s > 0 ? stacks_timeout_s : stacks == "signal" ? 2.0 : 20.0;
+  }
   int default_world_size = 4;
   double abort_grace_s = 0.5;     // after a rank fails, how long the others may finish
   std::string results_path;

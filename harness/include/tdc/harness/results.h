@@ -12,10 +12,11 @@
 
 namespace tdc::harness {
 
-enum class Status { Pass, Fail, Skip, NotSupported, XFail, XPass, Timeout, Crash };
+// FLAKY: `tdc run --repeat N` saw this test end with different statuses across its repeats.
+enum class Status { Pass, Fail, Skip, NotSupported, XFail, XPass, Timeout, Crash, Flaky };
 const char* to_string(Status s);
 Status status_from_string(const std::string& s);  // throws std::invalid_argument
-// A status that makes a run fail (FAIL, XPASS, TIMEOUT, CRASH).
+// A status that makes a run fail (FAIL, XPASS, TIMEOUT, CRASH, FLAKY).
 bool is_failure(Status s);
 
 struct RankDetail {
@@ -38,6 +39,8 @@ struct TestResult {
   std::string launcher;
   std::vector<RankDetail> ranks;
   std::string expectation;   // reason from the expectations file, if one applied
+  // With --repeat N: how often each status was seen ("PASS" -> 19, "FAIL" -> 1); empty otherwise.
+  std::map<std::string, int> repeat_statuses;
 };
 
 struct RunInfo {
