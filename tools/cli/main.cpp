@@ -226,11 +226,14 @@ constexpr const char* kUsage = R"(usage: tdc <command> [options]
 
 Commands:
   run      run the conformance suite (or the unit suites) and write results/results.json,
-           results/junit.xml and per-binary logs; live progress, summary, exit 1 on failures
+           results/junit.xml and per-binary logs; live progress, summary, exit 1 on failures;
+           --repeat N finds flaky tests
   test     the project's own tests (ctest): what CI runs
   bench    benchmarks: 'tdc bench harness --out FILE' times the harness launchers,
-           'tdc bench ddp --out FILE' compares DDP and single-process step times
+           'tdc bench ddp --out FILE' compares DDP and single-process step times,
+           'tdc bench fsdp --out FILE' compares tdc's FSDP2 with PyTorch's fully_shard (+ plot)
   help     'tdc help COMMAND' shows a command's options
+  build    (the ./tdc script) install what is missing and build; run nothing
 
 Options:
   -h, --help     show this help
