@@ -1,5 +1,5 @@
 // Conformance: PyTorch's test/distributed/_composable/test_composability/test_2d_composability.py
-// (shared/spec/conformance-spec.md Part C.1). Same class and method names, same assertions.
+// (PyTorch: test/distributed/_composable/test_composability/test_2d_composability.py). Same class and method names, same assertions.
 // Implemented so far: TestFullyShard2DTraining (C.1.1) except the checkpoint-resume method (it
 // needs tdc::checkpoint), and Test2dFSDP1ParallelIntegration (C.1.3). TestFullyShard2DStateDict
 // (C.1.2) waits for tdc::checkpoint; the FSDP1 classes (C.1.4, C.1.5) for tdc::fsdp1.

@@ -1,5 +1,5 @@
 // Conformance: PyTorch's test/distributed/_composable/fsdp/test_fully_shard_extensions.py
-// (shared/spec/conformance-spec.md Part C.3). Same class and method names, same assertions.
+// (PyTorch: test/distributed/_composable/fsdp/test_fully_shard_extensions.py). Same class and method names, same assertions.
 //
 // C++ has no tensor subclasses, so the spec's Part E mapping applies:
 //  * the all-gather extension is registered per parameter (fsdp::set_all_gather_extension)

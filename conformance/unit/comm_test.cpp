@@ -508,7 +508,7 @@ TDC_DIST_TEST(CommTest, BackendRegistryAndExamplePlugin, .world_size = 4) {
   EXPECT_EQ(served() - before, 7);
 }
 
-// Patch points (spec B.7): the newest patch sees every all_gather_into_tensor / reduce_scatter_tensor
+// Patch points (common_fsdp.py's patch_all_gather / patch_reduce_scatter): the newest patch sees every all_gather_into_tensor / reduce_scatter_tensor
 // of this rank with the real op as call_original; destroying it restores the previous one.
 TDC_DIST_TEST(CommTest, PatchPoints, .world_size = 2) {
   auto group = tdc::conformance::world();

@@ -1,4 +1,4 @@
-// Fixture models (spec Part B) against real PyTorch: parameter FQNs in named_parameters order,
+// Fixture models (PyTorch's test models) against real PyTorch: parameter FQNs in named_parameters order,
 // shapes, initial values for the same seed, forward output, loss and gradients, all compared with
 // fixture_models.json, which fixtures/golden/make_fixture_goldens.py computes with the venv's
 // PyTorch on this machine before the suite runs (CTest setup step tdc_goldens). Plus determinism,

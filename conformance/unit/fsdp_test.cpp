@@ -2,9 +2,9 @@
 // parameters as DTensors (1-D, HSDP, over TP), the FSDPModule methods, mixed precision,
 // activation checkpointing, the unsharded-memory bound of reshard_after_forward, and bad input.
 //
-// Reference (spec C.3.2's recipe): every rank holds the unsharded model and its own input; after
+// Reference (the recipe of test_fully_shard_extensions.py's multi-process tests): every rank holds the unsharded model and its own input; after
 // backward the reference's gradients are summed over the ranks and divided by the world size
-// (what FSDP's reduce-scatter computes). check_sharded_parity (spec B.6) compares each shard and
+// (what FSDP's reduce-scatter computes). check_sharded_parity (common_fsdp.py's) compares each shard and
 // shard gradient with the rank's chunk of the reference's.
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>

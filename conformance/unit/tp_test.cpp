@@ -196,7 +196,7 @@ TDC_DIST_TEST(TpTest, EmbeddingWorld4, .world_size = 4) {
                     [](const harness::Params& p) { embedding_case(p.get<std::string>("style"), "replicate"); });
 }
 
-// ------------------------------------------------------------------ MLPStack: spec C.1.1.3 counts
+// ------------------------------------------------------------------ MLPStack: test_tp_with_fsdp_offloading's counts
 
 // The TP part of MLPStack.parallelize on a ws-way TP mesh: forward issues exactly 3 functional
 // all-reduces (one per rowwise out_proj) and nothing else; backward exactly 2 (the colwise

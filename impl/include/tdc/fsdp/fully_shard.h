@@ -46,7 +46,7 @@ struct MixedPrecisionPolicy {
 
 // CPUOffloadPolicy: sharded parameters, their gradients and so the optimizer state live on the
 // CPU; the all-gather copies them to the mesh's device. On a CPU mesh it changes nothing
-// observable but is accepted (spec E.2).
+// observable but is accepted (PyTorch needs an accelerator to show it).
 struct OffloadPolicy {
   bool cpu_offload = false;
   bool pin_memory = true;
@@ -73,7 +73,8 @@ struct FullyShardOptions {
 };
 
 // ------------------------------------------------------------------ all-gather extensions
-// PyTorch's fsdp_pre_all_gather / fsdp_post_all_gather protocol (spec C.3), registered per
+// PyTorch's fsdp_pre_all_gather / fsdp_post_all_gather protocol (test_fully_shard_extensions.py),
+// registered per
 // parameter (C++ has no tensor subclasses or instance attributes on tensors). For a parameter with
 // an extension, FSDP all-gathers what pre_all_gather returns instead of the shard, and builds the
 // unsharded parameter with post_all_gather:

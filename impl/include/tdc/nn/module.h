@@ -1,5 +1,5 @@
 // tdc::nn::Module — a LibTorch module with what FSDP, TP, DDP and pipelining need and LibTorch
-// lacks (see shared/design/architecture.md, "Hooks"):
+// lacks (docs/modules.md):
 //
 //  * forward pre-hooks and post-hooks, run by the call operator in registration order; a hook may
 //    replace the inputs (pre) or the outputs (post); handles remove them;

@@ -7,7 +7,7 @@
 //  * reference_copy: the single-process reference of a model: a deep copy of rank 0's
 //    parameters and buffers on every rank (thread-launched ranks share one generator, so copies
 //    are broadcast rather than assumed identical).
-//  * check_sharded_parity: spec B.6 (FSDP2's check): every parameter of `sharded` is a DTensor
+//  * check_sharded_parity: common_fsdp.py's check_sharded_parity (FSDP2's check): every parameter of `sharded` is a DTensor
 //    whose local shard equals the rank's piece of the reference parameter laid out the same way
 //    (distribute_tensor with its placements), and the same for gradients (none <-> none).
 //  * error_of: the what() of the exception `fn` throws, or "(no error)".
