@@ -31,8 +31,8 @@ namespace {
 using namespace tdc;
 using harness::ctx;
 // assertEqual on float32 tensors: torch.testing's defaults (rtol 1.3e-6, atol 1e-5).
-void assert_equal(const at::Tensor& actual, const at::Tensor& expected, const std::string& what) {
-  conformance::expect_close(actual, expected, what);
+::testing::AssertionResult assert_equal(const at::Tensor& actual, const at::Tensor& expected) {
+  return conformance::all_close(actual, expected);
 }
 
 // ---------------------------------------------------------------- C.1.1 TestFullyShard2DTraining
@@ -88,7 +88,7 @@ TDC_DIST_TEST(TestFullyShard2DTraining, test_train_parity_2d_mlp, .world_size = 
             losses[i].backward();
             models[i].second->step();
           }
-          assert_equal(losses[0], losses[1], "loss at iteration " + std::to_string(iter_idx));
+          ASSERT_TRUE(assert_equal(losses[0], losses[1])) << "loss at iteration " + std::to_string(iter_idx);
         }
       });
 }
@@ -141,7 +141,7 @@ TDC_DIST_TEST(TestFullyShard2DTraining, test_train_parity_2d_transformer, .world
       auto got = tensor::named_params_with_specs(*model);
       auto want = ref_model->named_params();
       ASSERT_EQ(got.size(), want.size());
-      for (size_t i = 0; i < got.size(); ++i) assert_equal(got[i].full(), want[i].second, when + " '" + got[i].fqn + "'");
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_TRUE(assert_equal(got[i].full(), want[i].second)) << when + " '" + got[i].fqn + "'";
     };
     check_params("before training:");
 
@@ -150,7 +150,7 @@ TDC_DIST_TEST(TestFullyShard2DTraining, test_train_parity_2d_transformer, .world
     for (int iter_idx = 0; iter_idx < 5; ++iter_idx) {
       at::Tensor ref_loss = (*ref_model)(inp).sum();
       at::Tensor loss = (*model)(inp).sum();
-      assert_equal(ref_loss, loss, "loss at iteration " + std::to_string(iter_idx));
+      ASSERT_TRUE(assert_equal(ref_loss, loss)) << "loss at iteration " + std::to_string(iter_idx);
       ref_loss.backward();
       loss.backward();
       for (auto& p : ref_model->params()) {
@@ -165,8 +165,8 @@ TDC_DIST_TEST(TestFullyShard2DTraining, test_train_parity_2d_transformer, .world
       auto got = tensor::named_params_with_specs(*model);
       auto want = ref_model->named_params();
       for (size_t i = 0; i < got.size(); ++i) {
-        assert_equal(got[i].full_grad(), want[i].second.grad(), "gradient of '" + got[i].fqn + "' at iteration " +
-                                                                    std::to_string(iter_idx));
+        ASSERT_TRUE(assert_equal(got[i].full_grad(), want[i].second.grad())) << "gradient of '" + got[i].fqn + "' at iteration " +
+                                                                    std::to_string(iter_idx);
       }
       ref_optim.step();
       optim.step();
@@ -220,7 +220,7 @@ TDC_DIST_TEST(TestFullyShard2DTraining, test_tp_with_fsdp_offloading, .world_siz
       EXPECT_EQ(fwd_comm_counts.count("c10d._allgather_base_"), 0u);
     }
     at::Tensor ref_loss = (*ref_model)(inp).sum();
-    assert_equal(ref_loss, loss, "loss at iteration " + std::to_string(iter_idx));
+    ASSERT_TRUE(assert_equal(ref_loss, loss)) << "loss at iteration " + std::to_string(iter_idx);
     {
       comm::CommDebugMode bwd_comm_mode;
       loss.backward();
@@ -284,9 +284,9 @@ void check_module(nn::Module& m1, nn::Module& m2, bool check_grad) {
     auto it = by_name.find(p.fqn);
     ASSERT_NE(it, by_name.end()) << "parameter '" << p.fqn << "' of the 2-D model is not in the reference";
     if (check_grad) {
-      assert_equal(p.full_grad(), it->second.grad(), "gradient of '" + p.fqn + "'");
+      ASSERT_TRUE(assert_equal(p.full_grad(), it->second.grad())) << "gradient of '" + p.fqn + "'";
     } else {
-      assert_equal(p.full(), it->second, "parameter '" + p.fqn + "'");
+      ASSERT_TRUE(assert_equal(p.full(), it->second)) << "parameter '" + p.fqn + "'";
     }
   }
 }
@@ -304,7 +304,7 @@ TDC_DIST_TEST(Test2dFSDP1ParallelIntegration, test_2d_ddp_integration_functional
   at::Tensor input = at::rand({4, 10}, gen).to(fixtures::device_type());
   at::Tensor output = (*m.model)(input);
   at::Tensor twod_output = (*m.twod_model)(input);
-  assert_equal(output, twod_output, "output");
+  ASSERT_TRUE(assert_equal(output, twod_output)) << "output";
 
   output.sum().backward();
   twod_output.sum().backward();
@@ -318,7 +318,7 @@ TDC_DIST_TEST(Test2dFSDP1ParallelIntegration, test_2d_ddp_integration_functional
   input = at::rand({16, 10}, gen2).to(fixtures::device_type());
   output = (*m.model)(input);
   twod_output = (*m.twod_model)(input);
-  assert_equal(output, twod_output, "output after one step");
+  ASSERT_TRUE(assert_equal(output, twod_output)) << "output after one step";
 }
 
 }  // namespace

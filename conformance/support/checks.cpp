@@ -9,22 +9,18 @@
 
 namespace tdc::conformance {
 
-namespace {
-// ASSERT_* needs a void function; expect_close reports through it.
-void compare(const at::Tensor& actual, const at::Tensor& expected, const std::string& what, double rtol, double atol) {
-  ASSERT_TRUE(actual.defined()) << what << ": undefined";
-  ASSERT_TRUE(expected.defined()) << what << ": reference undefined";
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+::testing::AssertionResult all_close(const at::Tensor& actual, const at::Tensor& expected, double rtol,
+                                     double atol) {
+  if (!actual.defined()) return ::testing::AssertionFailure() << "the tensor is undefined";
+  if (!expected.defined()) return ::testing::AssertionFailure() << "the reference tensor is undefined";
+  if (actual.sizes() != expected.sizes())
+    return ::testing::AssertionFailure() << "shape " << actual.sizes() << " but the reference has " << expected.sizes();
   at::Tensor a = actual.detach().to(at::kDouble), e = expected.detach().to(at::kDouble);
   at::Tensor bad = (a - e).abs() > (atol + rtol * e.abs());
-  EXPECT_FALSE(bad.any().item<bool>()) << what << ": " << bad.sum().item<int64_t>() << " of " << a.numel()
-                                       << " elements differ; max |diff| " << (a - e).abs().max().item<double>();
-}
-}  // namespace
-
-void expect_close(const at::Tensor& actual, const at::Tensor& expected, const std::string& what, double rtol,
-                  double atol) {
-  compare(actual, expected, what, rtol, atol);
+  if (!bad.any().item<bool>()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad.sum().item<int64_t>() << " of " << a.numel()
+                                       << " elements differ beyond rtol " << rtol << ", atol " << atol
+                                       << "; max |diff| " << (a - e).abs().max().item<double>();
 }
 
 nn::ModulePtr reference_copy(const nn::Module& model) {
@@ -42,25 +38,33 @@ void sync_from_rank0(nn::Module& model) {
   for (auto& [name, b] : model.named_bufs()) comm::broadcast(b, 0, group);
 }
 
-void check_sharded_parity(nn::Module& reference, nn::Module& sharded, const std::string& what) {
+::testing::AssertionResult sharded_parity(nn::Module& reference, nn::Module& sharded) {
   auto got = tensor::named_params_with_specs(sharded);
   auto want = reference.named_params();
-  ASSERT_EQ(got.size(), want.size()) << what << ": parameter counts differ";
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << got.size() << " parameters but the reference has " << want.size();
   for (size_t i = 0; i < got.size(); ++i) {
-    ASSERT_EQ(got[i].fqn, want[i].first) << what;
-    ASSERT_TRUE(got[i].dtensor.has_value()) << what << ": '" << got[i].fqn << "' is not a DTensor";
+    const std::string& fqn = got[i].fqn;
+    if (fqn != want[i].first)
+      return ::testing::AssertionFailure() << "parameter " << i << " is '" << fqn << "' but the reference's is '"
+                                           << want[i].first << "'";
+    if (!got[i].dtensor) return ::testing::AssertionFailure() << "'" << fqn << "' is not a DTensor";
     const tensor::DTensorSpec& spec = got[i].dtensor->spec();
     auto chunk = [&](const at::Tensor& full) {
       return tensor::distribute_tensor(full.detach(), spec.mesh, spec.placements).to_local();
     };
-    compare(got[i].tensor, chunk(want[i].second), what + " shard of '" + got[i].fqn + "'", kFloat32Rtol, kFloat32Atol);
+    if (auto r = all_close(got[i].tensor, chunk(want[i].second)); !r)
+      return ::testing::AssertionFailure() << "shard of '" << fqn << "': " << r.message();
     const at::Tensor& rg = want[i].second.grad();
-    ASSERT_EQ(got[i].tensor.grad().defined(), rg.defined()) << what << " gradient presence of '" << got[i].fqn << "'";
+    if (got[i].tensor.grad().defined() != rg.defined())
+      return ::testing::AssertionFailure() << "'" << fqn << "' has " << (rg.defined() ? "no " : "a ")
+                                           << "gradient but the reference has " << (rg.defined() ? "one" : "none");
     if (rg.defined()) {
-      compare(got[i].tensor.grad(), chunk(rg), what + " shard gradient of '" + got[i].fqn + "'", kFloat32Rtol,
-              kFloat32Atol);
+      if (auto r = all_close(got[i].tensor.grad(), chunk(rg)); !r)
+        return ::testing::AssertionFailure() << "shard gradient of '" << fqn << "': " << r.message();
     }
   }
+  return ::testing::AssertionSuccess();
 }
 
 std::string error_of(const std::function<void()>& fn) {

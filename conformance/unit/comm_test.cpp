@@ -18,6 +18,7 @@
 #include "tdc/comm/debug_mode.h"
 #include "tdc/comm/functional.h"
 #include "tdc/comm/process_group.h"
+#include "tdc/conformance/checks.h"
 #include "tdc/conformance/support.h"
 #include "tdc/harness/harness.h"
 #include "tdc/harness/subtests.h"
@@ -45,13 +46,10 @@ at::Tensor input_of(int rank, at::IntArrayRef shape, int salt = 0) {
   return ((at::arange(numel, at::kDouble) * 3 + rank * 7 + salt * 5).remainder(13) - 6).view(shape);
 }
 
-// Compares with a tolerance fitting the dtype (exact where the result is an exact small integer).
-void expect_close(const at::Tensor& actual, const at::Tensor& expected, const std::string& what) {
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  const auto dt = actual.scalar_type();
-  const double rtol = dt == at::kBFloat16 ? 1e-2 : dt == at::kHalf ? 1e-3 : dt == at::kFloat ? 1e-6 : 1e-12;
-  at::Tensor a = actual.to(at::kDouble), e = expected.to(at::kDouble);
-  EXPECT_TRUE(at::allclose(a, e, rtol, rtol)) << what << ": got\n" << a << "\nexpected\n" << e;
+// A tolerance fitting the dtype (exact where the result is an exact small integer).
+double dtype_tol(const at::Tensor& t) {
+  const auto dt = t.scalar_type();
+  return dt == at::kBFloat16 ? 1e-2 : dt == at::kHalf ? 1e-3 : dt == at::kFloat ? 1e-6 : 1e-12;
 }
 
 at::Tensor reduce_f64(const std::vector<at::Tensor>& xs, ReduceOp op) {
@@ -83,35 +81,35 @@ void check_collective(const std::string& op, at::ScalarType dt, const GroupPtr& 
     ReduceOp rop = op_of(suffix("all_reduce_"));
     at::Tensor t = mine.clone();
     all_reduce(t, rop, g);
-    expect_close(t, reduce_f64(all, rop).to(dt), op);
+    EXPECT_TRUE(tdc::conformance::all_close(t, reduce_f64(all, rop).to(dt), dtype_tol(t), dtype_tol(t))) << op;
     // Non-contiguous in place: a transposed view is reduced and written back through the view.
     at::Tensor base = mine.t().contiguous();
     at::Tensor view = base.t();
     ASSERT_FALSE(view.is_contiguous());
     all_reduce(view, rop, g);
-    expect_close(base.t(), reduce_f64(all, rop).to(dt), op + " (non-contiguous)");
+    EXPECT_TRUE(tdc::conformance::all_close(base.t(), reduce_f64(all, rop).to(dt), dtype_tol(base.t()), dtype_tol(base.t()))) << op + " (non-contiguous)";
   } else if (op == "all_gather_into_tensor") {
     at::Tensor out = at::empty({n * mine.size(0), 3}, mine.options());
     all_gather_into_tensor(out, mine, g);
-    expect_close(out, at::cat(all).to(dt), op);
+    EXPECT_TRUE(tdc::conformance::all_close(out, at::cat(all).to(dt), dtype_tol(out), dtype_tol(out))) << op;
     // Stacked output form and a non-contiguous input.
     at::Tensor stacked = at::empty({n, mine.size(1), mine.size(0)}, mine.options());
     all_gather_into_tensor(stacked, mine.t(), g);
     std::vector<at::Tensor> ts;
     for (auto& x : all) ts.push_back(x.t());
-    expect_close(stacked, at::stack(ts).to(dt), op + " (stacked, non-contiguous input)");
+    EXPECT_TRUE(tdc::conformance::all_close(stacked, at::stack(ts).to(dt), dtype_tol(stacked), dtype_tol(stacked))) << op + " (stacked, non-contiguous input)";
   } else if (op.rfind("reduce_scatter_", 0) == 0) {
     const bool emu = op.rfind("reduce_scatter_emulated_", 0) == 0;
     ReduceOp rop = op_of(suffix(emu ? "reduce_scatter_emulated_" : "reduce_scatter_"));
     at::Tensor out = at::empty({2, 3}, mine.options());
     reduce_scatter_tensor(out, mine, rop, emu ? emulated : g);
-    expect_close(out, reduce_f64(all, rop).chunk(n)[r].to(dt), op);
+    EXPECT_TRUE(tdc::conformance::all_close(out, reduce_f64(all, rop).chunk(n)[r].to(dt), dtype_tol(out), dtype_tol(out))) << op;
   } else if (op == "all_to_all_even") {
     at::Tensor out = at::empty_like(mine);
     all_to_all_single(out, mine, {}, {}, g);
     std::vector<at::Tensor> parts;
     for (int k = 0; k < n; ++k) parts.push_back(all[k].chunk(n)[r]);
-    expect_close(out, at::cat(parts).to(dt), op);
+    EXPECT_TRUE(tdc::conformance::all_close(out, at::cat(parts).to(dt), dtype_tol(out), dtype_tol(out))) << op;
   } else if (op == "all_to_all_uneven") {
     // Rank k sends (k + j) % 3 rows to rank j.
     auto rows = [](int from, int to) -> int64_t { return (from + to) % 3; };
@@ -129,12 +127,12 @@ void check_collective(const std::string& op, at::ScalarType dt, const GroupPtr& 
       for (int j = 0; j < r; ++j) offset += rows(k, j);
       parts.push_back(input_of_rank(k).narrow(0, offset, rows(k, r)));
     }
-    expect_close(out, at::cat(parts).to(dt), op);
+    EXPECT_TRUE(tdc::conformance::all_close(out, at::cat(parts).to(dt), dtype_tol(out), dtype_tol(out))) << op;
   } else if (op == "broadcast") {
     const int src = n - 1;
     at::Tensor t = mine.clone();
     broadcast(t, src, g);
-    expect_close(t, all[src].to(dt), op);
+    EXPECT_TRUE(tdc::conformance::all_close(t, all[src].to(dt), dtype_tol(t), dtype_tol(t))) << op;
   } else if (op == "send_recv") {
     // A ring: everyone sends to the next rank and receives from the previous one. The sends are
     // kept pending (Work) so that the blocking receives cannot deadlock.
@@ -142,7 +140,7 @@ void check_collective(const std::string& op, at::ScalarType dt, const GroupPtr& 
     at::Tensor got = at::empty_like(mine);
     recv(got, (r + n - 1) % n, g).wait();
     sent.wait();
-    expect_close(got, all[(r + n - 1) % n].to(dt), op);
+    EXPECT_TRUE(tdc::conformance::all_close(got, all[(r + n - 1) % n].to(dt), dtype_tol(got), dtype_tol(got))) << op;
   } else if (op == "async") {
     // Several collectives in flight at once, waited in reverse order; AVG's emulation step runs in
     // wait().
@@ -156,9 +154,9 @@ void check_collective(const std::string& op, at::ScalarType dt, const GroupPtr& 
     wa.wait();
     wa.wait();  // waiting twice is a no-op
     EXPECT_TRUE(wa.done());
-    expect_close(a, reduce_f64(all, ReduceOp::AVG).to(dt), "async AVG");
-    expect_close(b, reduce_f64(all, ReduceOp::MAX).to(dt), "async MAX");
-    expect_close(gathered, at::cat(all).to(dt), "async all_gather");
+    EXPECT_TRUE(tdc::conformance::all_close(a, reduce_f64(all, ReduceOp::AVG).to(dt), dtype_tol(a), dtype_tol(a))) << "async AVG";
+    EXPECT_TRUE(tdc::conformance::all_close(b, reduce_f64(all, ReduceOp::MAX).to(dt), dtype_tol(b), dtype_tol(b))) << "async MAX";
+    EXPECT_TRUE(tdc::conformance::all_close(gathered, at::cat(all).to(dt), dtype_tol(gathered), dtype_tol(gathered))) << "async all_gather";
   } else if (op == "barrier") {
     barrier(g);
   } else {
@@ -233,10 +231,10 @@ void check_functional(const std::string& fn, at::ScalarType dt, int64_t dim, con
     for (int k = 0; k < n; ++k) w.push_back(weight(k, expected_y.sizes()));
     expected_grad = at::stack(w).sum(0);
   }
-  expect_close(y, expected_y.to(dt), fn + " forward");
+  EXPECT_TRUE(tdc::conformance::all_close(y, expected_y.to(dt), dtype_tol(y), dtype_tol(y))) << fn + " forward";
   (y * weight(r, y.sizes()).to(dt)).sum().backward();
   ASSERT_TRUE(x.grad().defined()) << fn;
-  expect_close(x.grad(), expected_grad.to(dt), fn + " gradient");
+  EXPECT_TRUE(tdc::conformance::all_close(x.grad(), expected_grad.to(dt), dtype_tol(x.grad()), dtype_tol(x.grad()))) << fn + " gradient";
 }
 
 TDC_DIST_TEST(CommTest, FunctionalCollectives, .world_size = 4) {
@@ -490,16 +488,16 @@ TDC_DIST_TEST(CommTest, BackendRegistryAndExamplePlugin, .world_size = 4) {
   for (int k = 0; k < 4; ++k) all.push_back(input_of(k, {8, 2}).to(at::kFloat));
   at::Tensor t = all[r].clone();
   all_reduce(t, ReduceOp::AVG, ex);
-  expect_close(t, reduce_f64(all, ReduceOp::AVG).to(at::kFloat), "example all_reduce AVG");
+  EXPECT_TRUE(tdc::conformance::all_close(t, reduce_f64(all, ReduceOp::AVG).to(at::kFloat), dtype_tol(t), dtype_tol(t))) << "example all_reduce AVG";
   at::Tensor gathered = at::empty({32, 2});
   all_gather_into_tensor(gathered, all[r], ex);
-  expect_close(gathered, at::cat(all).to(at::kFloat), "example all_gather");
+  EXPECT_TRUE(tdc::conformance::all_close(gathered, at::cat(all).to(at::kFloat), dtype_tol(gathered), dtype_tol(gathered))) << "example all_gather";
   at::Tensor shard = at::empty({2, 2});
   reduce_scatter_tensor(shard, all[r], ReduceOp::SUM, ex);  // served as one alltoall_base
-  expect_close(shard, reduce_f64(all, ReduceOp::SUM).chunk(4)[r].to(at::kFloat), "example reduce_scatter");
+  EXPECT_TRUE(tdc::conformance::all_close(shard, reduce_f64(all, ReduceOp::SUM).chunk(4)[r].to(at::kFloat), dtype_tol(shard), dtype_tol(shard))) << "example reduce_scatter";
   at::Tensor b = all[r].clone();
   broadcast(b, 2, ex);
-  expect_close(b, all[2].to(at::kFloat), "example broadcast");
+  EXPECT_TRUE(tdc::conformance::all_close(b, all[2].to(at::kFloat), dtype_tol(b), dtype_tol(b))) << "example broadcast";
   barrier(ex);
   EXPECT_EQ(served() - before, 5);
   set_argument_checks(true);

@@ -10,6 +10,7 @@
 #include <gmock/gmock.h>
 
 #include "tdc/comm/collectives.h"
+#include "tdc/conformance/checks.h"
 #include "tdc/conformance/support.h"
 #include "tdc/ddp/ddp.h"
 #include "tdc/harness/harness.h"
@@ -76,24 +77,13 @@ void sgd_step(const std::vector<at::Tensor>& params, double lr) {
   }
 }
 
-// torch.testing.assert_close semantics: |actual - expected| <= atol + rtol * |expected|.
-void expect_close(const at::Tensor& actual, const at::Tensor& expected, double rtol, double atol,
-                  const std::string& what) {
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  at::Tensor a = actual.detach().to(at::kDouble), e = expected.detach().to(at::kDouble);
-  at::Tensor bad = (a - e).abs() > (atol + rtol * e.abs());
-  EXPECT_FALSE(bad.any().item<bool>())
-      << what << ": " << bad.sum().item<int64_t>() << " of " << a.numel()
-      << " elements differ; max |diff| " << (a - e).abs().max().item<double>();
-}
-
 void expect_params_close(const nn::Module& actual, const nn::Module& expected, double rtol,
                          double atol, const std::string& what) {
   auto a = actual.named_params(), e = expected.named_params();
   ASSERT_EQ(a.size(), e.size());
   for (size_t i = 0; i < a.size(); ++i) {
     ASSERT_EQ(a[i].first, e[i].first);
-    expect_close(a[i].second, e[i].second, rtol, atol, what + " parameter '" + a[i].first + "'");
+    EXPECT_TRUE(tdc::conformance::all_close(a[i].second, e[i].second, rtol, atol)) << what + " parameter '" + a[i].first + "'";
   }
 }
 
@@ -150,7 +140,7 @@ void train_parity(const std::string& model_name, const std::string& api) {
     sgd_step(ref->params(), lr);
     at::Tensor avg = loss.detach().clone();
     comm::all_reduce(avg, comm::ReduceOp::AVG);
-    expect_close(avg, ref_loss, rtol, atol, "loss at step " + std::to_string(step));
+    EXPECT_TRUE(tdc::conformance::all_close(avg, ref_loss, rtol, atol)) << "loss at step " + std::to_string(step);
   }
   expect_params_close(*w.inner, *ref, rtol, atol, "after 5 steps:");
 }
@@ -190,16 +180,14 @@ void no_sync_parity(const std::string& api) {
   {
     auto got = w.inner->named_params(), want = local->named_params();
     for (size_t i = 0; i < got.size(); ++i)
-      expect_close(got[i].second.grad(), want[i].second.grad(), 1.3e-6, 1e-7,
-                   "no_sync gradient of '" + got[i].first + "'");
+      EXPECT_TRUE(tdc::conformance::all_close(got[i].second.grad(), want[i].second.grad(), 1.3e-6, 1e-7)) << "no_sync gradient of '" + got[i].first + "'";
   }
   loss_of(*w.call, m2.slice(rank, world)).backward();
   loss_of(*ref, m1).backward();
   loss_of(*ref, m2).backward();
   auto got = w.inner->named_params(), want = ref->named_params();
   for (size_t i = 0; i < got.size(); ++i)
-    expect_close(got[i].second.grad(), want[i].second.grad(), 1.3e-6, 1e-5,
-                 "accumulated gradient of '" + got[i].first + "'");
+    EXPECT_TRUE(tdc::conformance::all_close(got[i].second.grad(), want[i].second.grad(), 1.3e-6, 1e-5)) << "accumulated gradient of '" + got[i].first + "'";
   sgd_step(w.inner->params(), 0.05);
   sgd_step(ref->params(), 0.05);
   expect_params_close(*w.inner, *ref, 1.3e-6, 1e-5, "after the accumulated step:");

@@ -4,7 +4,7 @@
 //
 // Reference (the recipe of test_fully_shard_extensions.py's multi-process tests): every rank holds the unsharded model and its own input; after
 // backward the reference's gradients are summed over the ranks and divided by the world size
-// (what FSDP's reduce-scatter computes). check_sharded_parity (common_fsdp.py's) compares each shard and
+// (what FSDP's reduce-scatter computes). sharded_parity (common_fsdp.py's check_sharded_parity) compares each shard and
 // shard gradient with the rank's chunk of the reference's.
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
@@ -33,9 +33,7 @@ using tensor::Placements;
 using tensor::Replicate;
 using tensor::Shard;
 
-using conformance::check_sharded_parity;
 using conformance::error_of;
-using conformance::expect_close;
 using conformance::reference_copy;
 
 at::Generator gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
@@ -73,7 +71,7 @@ void shard_model(nn::Module& model, const std::string& name, const fsdp::FullySh
 // ------------------------------------------------------------------ parity
 
 // `iters` Adam steps (lr 1e-2) of loss = output.sum() on this rank's `inp`, the reference's
-// gradients averaged over the ranks; losses and check_sharded_parity every step.
+// gradients averaged over the ranks; losses and sharded_parity every step.
 void train_steps(nn::Module& model, nn::Module& ref, const at::Tensor& inp, int iters) {
   torch::optim::Adam opt(model.params(), torch::optim::AdamOptions(1e-2));
   torch::optim::Adam ref_opt(ref.params(), torch::optim::AdamOptions(1e-2));
@@ -83,14 +81,14 @@ void train_steps(nn::Module& model, nn::Module& ref, const at::Tensor& inp, int 
     average_reference_grads(ref);
     at::Tensor loss = model(inp).sum();
     loss.backward();
-    expect_close(loss, ref_loss, "loss at iteration " + std::to_string(it));
-    check_sharded_parity(ref, model, "iteration " + std::to_string(it) + ":");
+    EXPECT_TRUE(conformance::all_close(loss, ref_loss)) << "loss at iteration " + std::to_string(it);
+    EXPECT_TRUE(conformance::sharded_parity(ref, model)) << "iteration " + std::to_string(it) + ":";
     opt.step();
     ref_opt.step();
     opt.zero_grad();
     ref_opt.zero_grad();
   }
-  check_sharded_parity(ref, model, "after " + std::to_string(iters) + " Adam steps:");
+  EXPECT_TRUE(conformance::sharded_parity(ref, model)) << "after " + std::to_string(iters) + " Adam steps:";
 }
 
 void train_parity(const std::string& model_name, bool reshard_after_forward, bool checkpoint) {
@@ -108,9 +106,9 @@ void train_parity(const std::string& model_name, bool reshard_after_forward, boo
   fsdp::FullyShardOptions opts;
   opts.reshard_after_forward = reshard_after_forward;
   shard_model(*model, model_name, opts);
-  check_sharded_parity(*ref, *model, "after fully_shard:");
+  EXPECT_TRUE(conformance::sharded_parity(*ref, *model)) << "after fully_shard:";
   train_steps(*model, *ref, make_input(model_name, 42 + ctx().rank + 1), 5);
-  check_sharded_parity(*ref, *model, "after 5 Adam steps:");
+  EXPECT_TRUE(conformance::sharded_parity(*ref, *model)) << "after 5 Adam steps:";
 }
 
 void parity_grid() {
@@ -141,8 +139,8 @@ TDC_DIST_TEST(FSDPTest, TwoForwardsOneBackward, .world_size = 2) {
     at::Tensor ref_loss = (*ref)(a).sum() + (*ref)(b).pow(2).sum();
     ref_loss.backward();
     average_reference_grads(*ref);
-    expect_close(loss, ref_loss, "loss");
-    check_sharded_parity(*ref, *model, "two forwards:");
+    EXPECT_TRUE(conformance::all_close(loss, ref_loss)) << "loss";
+    EXPECT_TRUE(conformance::sharded_parity(*ref, *model)) << "two forwards:";
     EXPECT_EQ(fsdp::memory_stats().unsharded_bytes, 0) << "everything resharded after backward";
   });
 }
@@ -177,7 +175,7 @@ TDC_DIST_TEST(FSDPTest, ParametersReadBackAsDTensors, .world_size = 2) {
   }
   auto want = ref->named_params();
   auto got = tensor::named_params_with_specs(*model);
-  for (size_t i = 0; i < got.size(); ++i) expect_close(got[i].full(), want[i].second, "full_tensor of " + got[i].fqn, 0, 0);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(conformance::all_close(got[i].full(), want[i].second, 0, 0)) << "full_tensor of " + got[i].fqn;
   // 15 rows over 2 ranks: 8 and 7 (torch.chunk).
   EXPECT_EQ(tensor::param_dtensor(*model, "0.in_proj.weight")->to_local().size(0), ctx().rank == 0 ? 8 : 7);
 }
@@ -204,7 +202,7 @@ TDC_DIST_TEST(FSDPTest, FSDPOverTPPlacements, .world_size = 4) {
   EXPECT_EQ(w1->device_mesh(), mesh);
   auto want = ref->named_params();
   auto got = tensor::named_params_with_specs(*model);
-  for (size_t i = 0; i < got.size(); ++i) expect_close(got[i].full(), want[i].second, "full_tensor of " + got[i].fqn, 0, 0);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(conformance::all_close(got[i].full(), want[i].second, 0, 0)) << "full_tensor of " + got[i].fqn;
 }
 
 // ------------------------------------------------------------------ memory bound
@@ -318,7 +316,7 @@ TDC_DIST_TEST(FSDPTest, GradientSyncOffAccumulates, .world_size = 2) {
   (*ref)(a).sum().backward();
   (*ref)(b).sum().backward();
   average_reference_grads(*ref);
-  check_sharded_parity(*ref, *model, "after accumulation:");
+  EXPECT_TRUE(conformance::sharded_parity(*ref, *model)) << "after accumulation:";
 }
 
 // set_modules_to_forward_prefetch: block 1's all-gather is issued from block 0's pre-forward, so
@@ -419,7 +417,7 @@ TDC_DIST_TEST(FSDPTest, MixedPrecisionBf16, .world_size = 2) {
   // bf16 compute: compare gradients at bf16 resolution.
   auto got = tensor::named_params_with_specs(*model);
   auto want = ref->named_params();
-  for (size_t i = 0; i < got.size(); ++i) expect_close(got[i].full_grad(), want[i].second.grad(), got[i].fqn, 5e-2, 5e-2);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(conformance::all_close(got[i].full_grad(), want[i].second.grad(), 5e-2, 5e-2)) << got[i].fqn;
 }
 
 // output_dtype: the root casts its floating outputs; cast_forward_inputs casts inputs to bf16.

@@ -35,7 +35,6 @@ using tensor::Shard;
 
 constexpr double kRtol = conformance::kFloat32Rtol, kAtol = conformance::kFloat32Atol;
 using conformance::error_of;
-using conformance::expect_close;
 using conformance::reference_copy;
 
 // Same tensor on every rank: drawn from a generator seeded the same everywhere.
@@ -52,9 +51,9 @@ void expect_model_matches(nn::Module& tp_model, nn::Module& ref, const std::stri
     if (grads) {
       at::Tensor g = got[i].full_grad(), rg = want[i].second.grad();
       ASSERT_EQ(g.defined(), rg.defined()) << what << " gradient of '" << got[i].fqn << "'";
-      if (g.defined()) expect_close(g, rg, what + " gradient of '" + got[i].fqn + "'", rtol, atol);
+      if (g.defined()) EXPECT_TRUE(conformance::all_close(g, rg, rtol, atol)) << what + " gradient of '" + got[i].fqn + "'";
     } else {
-      expect_close(got[i].full(), want[i].second, what + " parameter '" + got[i].fqn + "'", rtol, atol);
+      EXPECT_TRUE(conformance::all_close(got[i].full(), want[i].second, rtol, atol)) << what + " parameter '" + got[i].fqn + "'";
     }
   }
 }
@@ -90,10 +89,10 @@ void colwise_rowwise_pair(int64_t dim, bool bias) {
   at::Tensor x = at::randn({4, dim}, gen(7)).requires_grad_(true);
   at::Tensor xr = x.detach().clone().requires_grad_(true);
   at::Tensor y = (*model)(x), yr = (*ref)(xr);
-  expect_close(y, yr, "output");
+  EXPECT_TRUE(conformance::all_close(y, yr)) << "output";
   (y * y).sum().backward();
   (yr * yr).sum().backward();
-  expect_close(x.grad(), xr.grad(), "input gradient");
+  EXPECT_TRUE(conformance::all_close(x.grad(), xr.grad())) << "input gradient";
   expect_model_matches(*model, *ref, "", true);
 }
 
@@ -122,10 +121,10 @@ TDC_DIST_TEST(TpTest, ShardedActivationLayouts, .world_size = 2) {
   at::Tensor x = at::randn({4, 6}, gen(3)).requires_grad_(true);
   at::Tensor xr = x.detach().clone().requires_grad_(true);
   at::Tensor y = (*model)(x), yr = (*ref)(xr);
-  expect_close(y, yr, "output (Replicate)");
+  EXPECT_TRUE(conformance::all_close(y, yr)) << "output (Replicate)";
   (y * y).sum().backward();
   (yr * yr).sum().backward();
-  expect_close(x.grad(), xr.grad(), "input gradient");
+  EXPECT_TRUE(conformance::all_close(x.grad(), xr.grad())) << "input gradient";
   expect_model_matches(*model, *ref, "", true);
 }
 
@@ -142,10 +141,10 @@ TDC_DIST_TEST(TpTest, PrepareModuleInputOutput, .world_size = 2) {
   at::Tensor x_local = x.chunk(2, 0)[mesh.get_local_rank()].clone().requires_grad_(true);
   at::Tensor xr = x.clone().requires_grad_(true);
   at::Tensor y = (*model)(x_local), yr = (*ref)(xr);
-  expect_close(y, yr, "output");
+  EXPECT_TRUE(conformance::all_close(y, yr)) << "output";
   y.pow(2).sum().backward();
   yr.pow(2).sum().backward();
-  expect_close(x_local.grad(), xr.grad().chunk(2, 0)[mesh.get_local_rank()], "input gradient (this rank's rows)");
+  EXPECT_TRUE(conformance::all_close(x_local.grad(), xr.grad().chunk(2, 0)[mesh.get_local_rank()])) << "input gradient (this rank's rows)";
   expect_model_matches(*model, *ref, "", true);
 }
 
@@ -167,10 +166,10 @@ void embedding_case(const std::string& style, const std::string& out_layout) {
   at::Tensor ids = at::randint(7, {3, 4}, gen(11));
   at::Tensor y = (*model)(ids), yr = (*ref)(ids);
   if (out_layout == "replicate") {
-    expect_close(y, yr, "output");
+    EXPECT_TRUE(conformance::all_close(y, yr)) << "output";
   } else {
     const int64_t n = mesh.size(), me = mesh.get_local_rank();
-    expect_close(y, yr.chunk(n, 1)[me], "output (Shard(1), this rank's piece)");
+    EXPECT_TRUE(conformance::all_close(y, yr.chunk(n, 1)[me])) << "output (Shard(1), this rank's piece)";
     yr = yr.chunk(n, 1)[me];  // the loss below sums the local pieces: one term per rank
   }
   at::Tensor w = at::randn(y.sizes(), gen(13));
@@ -182,7 +181,7 @@ void embedding_case(const std::string& style, const std::string& out_layout) {
     // Each rank's reference gradient covers its own sequence piece; their sum is the full one.
     at::Tensor g = ref->named_params()[0].second.grad().clone();
     comm::all_reduce(g, comm::ReduceOp::SUM, mesh.get_group());
-    expect_close(tensor::named_params_with_specs(*model)[0].full_grad(), g, "weight gradient");
+    EXPECT_TRUE(conformance::all_close(tensor::named_params_with_specs(*model)[0].full_grad(), g)) << "weight gradient";
   }
 }
 
@@ -221,7 +220,7 @@ void mlp_stack_counts(int64_t mlp_dim) {
           << "forward of iteration " << it;
     }
     at::Tensor ref_loss = (*ref)(x).sum();
-    expect_close(loss, ref_loss, "loss at iteration " + std::to_string(it));
+    EXPECT_TRUE(conformance::all_close(loss, ref_loss)) << "loss at iteration " + std::to_string(it);
     {
       comm::CommDebugMode mode;
       loss.backward();
@@ -269,7 +268,7 @@ void transformer_parity(int64_t n_layers, bool seq_parallel) {
   for (int it = 0; it < 5; ++it) {
     at::Tensor loss = (*model)(tokens).sum();
     at::Tensor ref_loss = (*ref)(tokens).sum();
-    expect_close(loss, ref_loss, "loss at step " + std::to_string(it));
+    EXPECT_TRUE(conformance::all_close(loss, ref_loss)) << "loss at step " + std::to_string(it);
     loss.backward();
     ref_loss.backward();
     // Gradients: rtol 1e-5 (the sum-of-logits loss makes gradients of magnitude ~10 whose
@@ -424,9 +423,9 @@ TDC_DIST_TEST(TpTest, DocsExample, .world_size = 2) {
   EXPECT_EQ(w->shape(), (std::vector<int64_t>{32, 8}));
   EXPECT_EQ(w->to_local().sizes(), (c10::IntArrayRef{16, 8}));
   at::Tensor ref_loss = (*reference)(x).pow(2).mean();
-  expect_close(loss, ref_loss, "loss");
+  EXPECT_TRUE(conformance::all_close(loss, ref_loss)) << "loss";
   ref_loss.backward();
-  expect_close(full_grad, reference->named_params()[0].second.grad(), "0.weight gradient");
+  EXPECT_TRUE(conformance::all_close(full_grad, reference->named_params()[0].second.grad())) << "0.weight gradient";
 }
 
 }  // namespace

@@ -109,7 +109,7 @@ int device_count() {
   return static_cast<int>(at::detail::getCUDAHooks().deviceCount());
 }
 
-void register_suite_options(const char* suite, const TestOptions& o) { suite_options()[suite] = o; }
+void internal::register_suite_options(const char* suite, const TestOptions& o) { suite_options()[suite] = o; }
 
 namespace {
 struct Capabilities {

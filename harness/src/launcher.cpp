@@ -369,7 +369,7 @@ Outcome launch(const LaunchSpec& spec, const std::function<void()>& body) {
   return detail::launch_local(spec, body);
 }
 
-void run_distributed(const char* suite, const char* name, const TestOptions& options, Body body) {
+void internal::run_distributed(const char* suite, const char* name, const TestOptions& options, Body body) {
   LaunchSpec spec = detail::resolve(suite, name, options);
   const int min_gpus = options.min_gpus;
   auto wrapped = [body, min_gpus] {

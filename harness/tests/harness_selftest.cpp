@@ -102,6 +102,22 @@ TDC_DIST_TEST(HarnessBasics, SubtestsRunInOrderOnEveryRank, .world_size = 2) {
   EXPECT_EQ(seen.back(), "a=False, n=3");
 }
 
+// The skip macros are single statements: an unbraced if/else around them keeps its meaning.
+TDC_DIST_TEST(HarnessBasics, SkipMacrosAreSafeInUnbracedIfElse, .world_size = 1) {
+  bool took_else = false;
+  if (ctx().world_size == 2)
+    TDC_SKIP_IF(true, "never: the if above is false");
+  else
+    took_else = true;
+  EXPECT_TRUE(took_else) << "the else bound to TDC_SKIP_IF's own if";
+  took_else = false;
+  if (ctx().world_size == 2)
+    TDC_REQUIRE_CAPABILITY("anything");
+  else
+    took_else = true;
+  EXPECT_TRUE(took_else) << "the else bound to TDC_REQUIRE_CAPABILITY's own if";
+}
+
 TEST(HarnessUnit, ExpandGridIsCartesianLastKeyFastest) {
   auto g = expand_grid({{"x", {1, 2}}, {"s", {"a", "b"}}, {"f", {0.5}}});
   ASSERT_EQ(g.size(), 4u);

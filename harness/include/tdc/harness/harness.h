@@ -89,7 +89,9 @@ struct PreflightSettings {
 using PreflightCheck = void (*)(const PreflightSettings&);
 void register_preflight(PreflightCheck check);
 
-// ------------------------------------------------------------------ registration (macros use these)
+// ------------------------------------------------------------------ registration machinery
+// What the macros expand to; not for direct use (GoogleTest keeps the same in testing::internal).
+namespace internal {
 using Body = void (*)();
 void register_suite_options(const char* suite, const TestOptions& options);
 // Runs `body` on every rank and reports the outcome to GoogleTest (failure / skip).
@@ -98,25 +100,33 @@ void run_distributed(const char* suite, const char* name, const TestOptions& opt
 struct SuiteRegistrar {
   SuiteRegistrar(const char* suite, const TestOptions& o) { register_suite_options(suite, o); }
 };
+}  // namespace internal
 
 }  // namespace tdc::harness
 
 #define TDC_DIST_SUITE(Suite, ...)                                                   \
-  static ::tdc::harness::SuiteRegistrar tdc_suite_registrar_##Suite(#Suite,          \
-                                                                    ::tdc::harness::TestOptions{__VA_ARGS__})
+  static ::tdc::harness::internal::SuiteRegistrar tdc_suite_registrar_##Suite(       \
+      #Suite, ::tdc::harness::TestOptions{__VA_ARGS__})
 
 #define TDC_DIST_TEST(Suite, Name, ...)                                              \
   static void Suite##_##Name##_TdcBody();                                            \
   TEST(Suite, Name) {                                                                \
-    ::tdc::harness::run_distributed(#Suite, #Name, ::tdc::harness::TestOptions{__VA_ARGS__}, \
-                                    &Suite##_##Name##_TdcBody);                      \
+    ::tdc::harness::internal::run_distributed(                                       \
+        #Suite, #Name, ::tdc::harness::TestOptions{__VA_ARGS__}, &Suite##_##Name##_TdcBody); \
   }                                                                                  \
   static void Suite##_##Name##_TdcBody()
 
 // ------------------------------------------------------------------ skips (inside a rank body)
 // A skip on any rank skips the test with its reason; ranks that disagree are reported.
-#define TDC_SKIP_IF(cond, reason) \
-  if (cond) GTEST_SKIP() << reason
+// Safe as the statement of an unbraced if/else: the switch keeps a following `else` from binding
+// to the macro's own if (GoogleTest's GTEST_AMBIGUOUS_ELSE_BLOCKER_).
+#define TDC_SKIP_IF(cond, reason)   \
+  switch (0)                        \
+  case 0:                           \
+  default:                          \
+    if (!(cond)) {                  \
+    } else                          \
+      GTEST_SKIP() << reason
 
 #define TDC_SKIP_IF_LT_X_GPU(n)                                                      \
   TDC_SKIP_IF(::tdc::harness::device_count() < (n),                                  \
@@ -137,5 +147,10 @@ struct SuiteRegistrar {
 // The implementation under test lacks a feature: reported as NOT_SUPPORTED, never PASS.
 #define TDC_NOT_SUPPORTED(feature) GTEST_SKIP() << "[NOT_SUPPORTED] " << feature
 
-#define TDC_REQUIRE_CAPABILITY(feature)                                              \
-  if (!::tdc::harness::has_capability(feature)) TDC_NOT_SUPPORTED(feature)
+#define TDC_REQUIRE_CAPABILITY(feature)                \
+  switch (0)                                           \
+  case 0:                                              \
+  default:                                             \
+    if (::tdc::harness::has_capability(feature)) {     \
+    } else                                             \
+      TDC_NOT_SUPPORTED(feature)

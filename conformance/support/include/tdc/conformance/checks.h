@@ -1,13 +1,16 @@
 // Assertions shared by the unit and conformance suites (GoogleTest based).
 //
-//  * expect_close: torch.testing.assert_close semantics, |actual - expected| <= atol + rtol *
+//  * all_close: torch.testing.assert_close semantics, |actual - expected| <= atol + rtol *
 //    |expected| elementwise, same shape; the defaults are PyTorch's float32 tolerances (what
-//    assertEqual uses in the seed tests). The failure names `what`, how many elements differ and
-//    the largest difference.
+//    assertEqual uses in the seed tests). An AssertionResult, so the caller decides whether a
+//    mismatch stops the test: ASSERT_TRUE(all_close(a, b)) << "what" (PyTorch's assertEqual
+//    raises) or EXPECT_TRUE(...). The failure says how many elements differ and the largest
+//    difference.
 //  * reference_copy: the single-process reference of a model: a deep copy of rank 0's
 //    parameters and buffers on every rank (thread-launched ranks share one generator, so copies
 //    are broadcast rather than assumed identical).
-//  * check_sharded_parity: common_fsdp.py's check_sharded_parity (FSDP2's check): every parameter of `sharded` is a DTensor
+//  * sharded_parity: common_fsdp.py's check_sharded_parity (FSDP2's check), as an AssertionResult:
+//    every parameter of `sharded` is a DTensor
 //    whose local shard equals the rank's piece of the reference parameter laid out the same way
 //    (distribute_tensor with its placements), and the same for gradients (none <-> none).
 //  * error_of: the what() of the exception `fn` throws, or "(no error)".
@@ -17,6 +20,7 @@
 #include <string>
 
 #include <ATen/core/Tensor.h>
+#include <gtest/gtest.h>
 
 #include "tdc/nn/module.h"
 
@@ -24,9 +28,8 @@ namespace tdc::conformance {
 
 inline constexpr double kFloat32Rtol = 1.3e-6, kFloat32Atol = 1e-5;
 
-// Non-fatal (EXPECT) on value differences; shape or definedness mismatches are fatal (ASSERT).
-void expect_close(const at::Tensor& actual, const at::Tensor& expected, const std::string& what,
-                  double rtol = kFloat32Rtol, double atol = kFloat32Atol);
+[[nodiscard]] ::testing::AssertionResult all_close(const at::Tensor& actual, const at::Tensor& expected,
+                                                 double rtol = kFloat32Rtol, double atol = kFloat32Atol);
 
 nn::ModulePtr reference_copy(const nn::Module& model);
 
@@ -36,7 +39,7 @@ nn::ModulePtr reference_copy(const nn::Module& model);
 // model: a no-op when the ranks are processes, what makes the test launcher-independent otherwise.
 void sync_from_rank0(nn::Module& model);
 
-void check_sharded_parity(nn::Module& reference, nn::Module& sharded, const std::string& what);
+[[nodiscard]] ::testing::AssertionResult sharded_parity(nn::Module& reference, nn::Module& sharded);
 
 std::string error_of(const std::function<void()>& fn);
 
