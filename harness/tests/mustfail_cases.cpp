@@ -4,6 +4,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <thread>
 
@@ -157,6 +159,24 @@ TDC_DIST_TEST(MustFail, LongHang, .timeout_s = 120) { tdc_mustfail::sleep_foreve
 // For the env launcher: rank 1 fails, rank 0 must report it.
 TDC_DIST_TEST(MustFail, EnvFailOnRank1, .world_size = 2) {
   EXPECT_NE(ctx().rank, 1) << "rank 1 fails on purpose";
+}
+
+// Flaky on purpose, for `tdc run --repeat`: fails on every second run. The run count lives in the
+// file $TDC_FLAKY_COUNTER (without it, the test passes).
+TDC_DIST_TEST(MustFail, FailsEverySecondRun, .world_size = 1) {
+  const char* path = std::getenv("TDC_FLAKY_COUNTER");
+  if (!path) return;
+  int runs = 0;
+  if (std::FILE* f = std::fopen(path, "r")) {
+    if (std::fscanf(f, "%d", &runs) != 1) runs = 0;
+    std::fclose(f);
+  }
+  ++runs;
+  if (std::FILE* f = std::fopen(path, "w")) {
+    std::fprintf(f, "%d\n", runs);
+    std::fclose(f);
+  }
+  EXPECT_NE(runs % 2, 0) << "run " << runs << " fails on purpose";
 }
 
 // Passes: used with an expectations file that says it fails (-> XPASS).

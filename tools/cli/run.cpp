@@ -45,7 +45,8 @@ const std::vector<OptionSpec> kRunOptions = {
     {"implementation", "NAME", "name of the implementation under test (default tdc-reference)"},
     {"timeout", "S", "per-test deadline in seconds (default: the harness's, 60)"},
     {"expectations", "FILE", "known failures: FAIL->XFAIL, PASS->XPASS (docs/results-schema.md)"},
-    {"kind", "conformance|unit", "which test binaries (default conformance; unit if none)"},
+    {"kind", "conformance|unit|mustfail", "which test binaries (default conformance; unit if none;\n"
+     "                                   mustfail: the harness's must-fail cases)"},
     {"out", "DIR", "results directory (default results/ in the current directory)"},
     {"build-dir", "DIR", "build directory (default $TDC_BUILD)"},
     {"idle-timeout", "S", "kill a binary that reports no test event for S seconds (default 600)"},
@@ -150,8 +151,8 @@ Options parse_options(const ParsedArgs& a) {
     o.forwarded.push_back("--tdc_expectations=" + o.expectations->string());
   }
   if (auto v = a.get("kind")) {
-    if (*v != "conformance" && *v != "unit")
-      throw UsageError(fmt::format("run: --kind must be conformance or unit, got '{}'", *v));
+    if (*v != "conformance" && *v != "unit" && *v != "mustfail")
+      throw UsageError(fmt::format("run: --kind must be conformance, unit or mustfail, got '{}'", *v));
     o.kind = *v;
   }
   o.out = fs::absolute(a.get("out").value_or("results"));
