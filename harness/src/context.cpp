@@ -59,7 +59,7 @@ bool in_rank() { return t_ctx != nullptr; }
 
 namespace {
 // [Note: a rank that left cannot enter a barrier] Every rank records in the store how its body
-// ended ("pass", "fail" or "skip") and bumps tdc/left. A barrier that waits for a rank that has
+// ended ("pass", "fail", "skip", or "followed a peer" that had left) and bumps tdc/left. A barrier that waits for a rank that has
 // left would block until the deadline; it checks tdc/left while it waits and, if a rank left
 // without entering it, ends now. A rank that left after passing this barrier set the barrier's
 // done key first, so done is checked again after a departure is seen (no false alarm).
@@ -258,7 +258,7 @@ void run_rank(const RankContext& c, const std::function<void()>& body, EventSink
       sink.write({{"e", "fail"}, {"rank", c.rank}, {"file", ""}, {"line", 0},
                   {"msg", msg + "uncaught exception: " + what}});
     };
-    const char* how = "pass";
+    bool peer_left = false;
     try {
       // Thread ranks share one process: the launcher sets threads and the seed once, before the
       // rank threads start (a per-thread manual_seed would race with other ranks' draws).
@@ -270,7 +270,7 @@ void run_rank(const RankContext& c, const std::function<void()>& body, EventSink
         c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(c.device);
       body();
     } catch (const PeerLeft&) {
-      // A peer failed or skipped and left; its own event explains the outcome.
+      peer_left = true;  // a peer failed or skipped and left; its own event explains the outcome
     } catch (const c10::Error& e) {
       report_exception(e.what_without_backtrace());
     } catch (const std::exception& e) {
@@ -278,8 +278,11 @@ void run_rank(const RankContext& c, const std::function<void()>& body, EventSink
     } catch (...) {
       report_exception("(not a std::exception)");
     }
-    how = reporter.failed() || failed_by_exception ? "fail" : reporter.skipped() ? "skip" : "pass";
-    mark_left(c, how);
+    // Only "pass" makes a waiting peer's barrier fail loudly; the others explain themselves.
+    mark_left(c, reporter.failed() || failed_by_exception ? "fail"
+                 : reporter.skipped()                     ? "skip"
+                 : peer_left                              ? "followed a peer"
+                                                          : "pass");
   }
   double dur = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   sink.write({{"e", "done"}, {"rank", c.rank}, {"dur", dur}});

@@ -408,24 +408,19 @@ Outcome Supervisor::make_outcome(bool timed_out, const std::string& stacks, doub
           aborted_ranks_.empty() ? "" : fmt::format(", stopped while running on [{}]", fmt::join(aborted_ranks_, ", ")));
     }
   }
-  // A rank that returned cleanly while the others failed or hung is the usual cause of a
-  // misalignment (it skipped a collective they entered): say so.
+  // A hang after some ranks returned cleanly is usually a misalignment (a returned rank skipped a
+  // collective the others are in): name them, before the stacks. (A FAIL needs no such note: its
+  // first failure already says what happened, and healthy ranks routinely finish first.)
   std::vector<int> returned_clean;
   for (int r = 0; r < spec_.world_size; ++r)
     if (ranks_[r].done && ranks_[r].failures.empty() && !ranks_[r].skipped) returned_clean.push_back(r);
-  if ((o.status == Status::Timeout || o.status == Status::Fail) && !returned_clean.empty() &&
-      returned_clean.size() < static_cast<size_t>(spec_.world_size)) {
-    const std::string note = fmt::format(
-        "ranks [{}] returned from the test body without a failure while the others {}; a rank that "
-        "skips a collective the others enter leaves them waiting",
-        fmt::join(returned_clean, ", "), timed_out ? "were still running" : "failed or were stopped");
-    // Before the stacks of a timeout, after the failures of a FAIL.
-    if (timed_out) {
-      auto nl = o.message.find('\n');
-      o.message.insert(nl == std::string::npos ? o.message.size() : nl, "\n" + note);
-    } else {
-      o.message += "\n" + note;
-    }
+  if (timed_out && !returned_clean.empty()) {
+    auto nl = o.message.find('\n');
+    o.message.insert(nl == std::string::npos ? o.message.size() : nl,
+                     fmt::format("\nranks [{}] returned from the test body without a failure while the others "
+                                 "were still running; a rank that skips a collective the others enter leaves "
+                                 "them waiting",
+                                 fmt::join(returned_clean, ", ")));
   }
   if (!aborted_ranks_.empty() && !timed_out && o.status != Status::Pass && first_bad_rank_ >= 0 &&
       o.status != Status::Skip && o.status != Status::NotSupported) {
