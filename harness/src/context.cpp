@@ -42,10 +42,12 @@ Launcher launcher_from_string(const std::string& s) {
   throw std::invalid_argument("unknown launcher '" + s + "' (known: fork, thread, spawn, env)");
 }
 
+namespace internal {
 RunSettings& settings() {
   static RunSettings s;
   return s;
 }
+}  // namespace internal
 
 const RankContext& ctx() {
   if (!t_ctx)
@@ -160,7 +162,7 @@ LastOutcome& last_outcome() {
 }
 
 LaunchSpec resolve(const char* suite, const char* name, const TestOptions& o) {
-  const RunSettings& s = settings();
+  const internal::RunSettings& s = internal::settings();
   TestOptions so;
   if (auto it = suite_options().find(suite); it != suite_options().end()) so = it->second;
   LaunchSpec spec;

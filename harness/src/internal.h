@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tdc/harness/harness.h"
+#include "tdc/harness/internal/runtime.h"
 #include "tdc/harness/launch.h"
 
 namespace tdc::harness::detail {
@@ -57,7 +58,7 @@ std::string& subtest_label();
 void install_rank_signal_handlers(const std::string& stacks_path, int rank_hint);
 // The rank a fatal-signal backtrace names for the calling thread (thread launcher).
 void set_signal_rank(int rank);
-// In the parent: ask `pid` for its stacks (signal or gdb per settings().stacks), at most
+// In the parent: ask `pid` for its stacks (signal or gdb per internal::settings().stacks), at most
 // `budget_s` seconds. Returns readable, demangled text.
 std::string capture_stacks(pid_t pid, const std::string& stacks_path, double budget_s);
 std::string demangle_text(const std::string& text);

@@ -22,7 +22,7 @@ namespace {
 
 RankContext make_context(const LaunchSpec& spec, int rank, int local_rank,
                          c10::intrusive_ptr<c10d::Store> store, const std::string& temp_dir) {
-  const RunSettings& s = settings();
+  const internal::RunSettings& s = internal::settings();
   RankContext c;
   c.rank = rank;
   c.world_size = spec.world_size;
@@ -172,7 +172,7 @@ Outcome launch_local(const LaunchSpec& spec, const std::function<void()>& body) 
             // settings from --tdc_child (see main.cpp).
             constexpr int kEventsFd = 100;
             dup2(p.events[1], kEventsFd);  // dup2 clears O_CLOEXEC on the new fd
-            const RunSettings& s = settings();
+            const internal::RunSettings& s = internal::settings();
             std::vector<std::string> args = {
                 "/proc/self/exe",
                 fmt::format("--gtest_filter={}.{}", spec.suite, spec.name),
@@ -199,7 +199,7 @@ Outcome launch_local(const LaunchSpec& spec, const std::function<void()>& body) 
       }
     }
     outcome = sup.run();
-    const bool show = settings().show_output || outcome.status == Status::Fail ||
+    const bool show = internal::settings().show_output || outcome.status == Status::Fail ||
                       outcome.status == Status::Timeout;
     if (show) {
       for (auto& c : sup.children()) {
@@ -210,7 +210,7 @@ Outcome launch_local(const LaunchSpec& spec, const std::function<void()>& body) 
     }
   }  // Supervisor: everything reaped
   for (auto& o : outputs) std::fputs(o.c_str(), stdout);
-  if (settings().keep_temp) {
+  if (internal::settings().keep_temp) {
     std::printf("tdc: kept temp dir %s\n", temp_dir.c_str());
     track_temp_dir("");
   } else {
@@ -355,7 +355,7 @@ Outcome launch_env(const LaunchSpec& spec0, const std::function<void()>& body) {
     o.status = Status::Pass;  // rank 0 reports this rank's failures
   }
   store_barrier(*store, spec.world_size, "tdc/end");
-  if (own_dir && !settings().keep_temp) remove_temp_dir(temp_dir);
+  if (own_dir && !internal::settings().keep_temp) remove_temp_dir(temp_dir);
   return o;
 }
 

@@ -1,4 +1,4 @@
-// Flags, the results listener, and main() for harness test binaries.
+// Flags (init), the results listener, and internal::main() for harness test binaries.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -54,7 +54,7 @@ std::vector<PreflightCheck>& preflight_checks() {
 
 // The harness's own check (devices), then the implementation's; the first failure's message.
 std::optional<std::string> preflight_error() {
-  const RunSettings& s = settings();
+  const internal::RunSettings& s = internal::settings();
   PreflightSettings p{s.backend, s.backend_lib, s.device_type};
   try {
     if (s.device_type == "cuda" && device_count() == 0)
@@ -70,7 +70,7 @@ std::optional<std::string> preflight_error() {
 
 // One place for every setting: name (flag --tdc_<name>, env TDC_<NAME>) -> how to apply it.
 void apply(const std::string& name, const std::string& value, bool has_value) {
-  RunSettings& s = settings();
+  internal::RunSettings& s = internal::settings();
   const std::string flag = "--tdc_" + name;
   auto need = [&] {
     if (!has_value || value.empty()) throw std::invalid_argument(flag + " needs a value (" + flag + "=...)");
@@ -144,7 +144,7 @@ class ResultsListener : public testing::EmptyTestEventListener {
  public:
   void OnTestProgramStart(const testing::UnitTest&) override {
     t0_ = std::chrono::steady_clock::now();
-    const RunSettings& s = settings();
+    const internal::RunSettings& s = internal::settings();
     auto& info = results_.run_info;
     info.implementation = s.implementation;
     info.implementation_version = s.implementation_version.empty() ? TDC_VERSION : s.implementation_version;
@@ -207,7 +207,7 @@ class ResultsListener : public testing::EmptyTestEventListener {
 
   void OnTestProgramEnd(const testing::UnitTest&) override {
     results_.run_info.duration_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-    const RunSettings& s = settings();
+    const internal::RunSettings& s = internal::settings();
     if (!s.results_path.empty()) write_results_json(results_, s.results_path);
     if (!s.junit_path.empty()) write_junit_xml(results_, s.junit_path);
   }
@@ -219,7 +219,7 @@ class ResultsListener : public testing::EmptyTestEventListener {
     return std::string(t.test_suite_name()) + "." + t.name();
   }
   void emit(const nlohmann::json& j) {
-    int fd = settings().events_fd;
+    int fd = internal::settings().events_fd;
     if (fd < 0) return;
     detail::EventSink(fd).write(j);
   }
@@ -263,6 +263,7 @@ bool init(int* argc, char** argv, std::string* error) {
   return true;
 }
 
+namespace internal {
 int main(int argc, char** argv) {
   std::string error;
   if (!init(&argc, argv, &error)) {
@@ -274,8 +275,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "tdc: %s\n", err->c_str());
       return 2;
     }
-    std::printf("tdc: preflight ok (backend %s, device %s)\n", settings().backend.c_str(),
-                settings().device_type.c_str());
+    std::printf("tdc: preflight ok (backend %s, device %s)\n", internal::settings().backend.c_str(),
+                internal::settings().device_type.c_str());
     return 0;
   }
   testing::InitGoogleTest(&argc, argv);
@@ -288,6 +289,7 @@ int main(int argc, char** argv) {
   if (rc == 0 && !listener->results().ok()) rc = 1;
   return rc;
 }
+}  // namespace internal
 
 }  // namespace tdc::harness
 

@@ -253,7 +253,7 @@ Outcome Supervisor::run() {
         }
       }
       if (!abort_at && first_bad_rank_ >= 0)
-        abort_at = clock::now() + secs(settings().abort_grace_s);
+        abort_at = clock::now() + secs(internal::settings().abort_grace_s);
     }
   }
 
@@ -287,7 +287,7 @@ std::string Supervisor::capture_live_stacks() const {
                                             : fmt::format("ranks {} (threads)", fmt::join(c.ranks, ","));
     pending.push_back(std::async(std::launch::async, [label, pid = c.pid, path = c.stacks_path] {
       return fmt::format("==== stacks of {} (pid {}) ====\n{}", label, pid,
-                         capture_stacks(pid, path, settings().stacks_budget_s()));
+                         capture_stacks(pid, path, internal::settings().stacks_budget_s()));
     }));
   }
   std::string stacks;
@@ -349,14 +349,14 @@ Outcome Supervisor::make_outcome(bool timed_out, const std::string& stacks, doub
     bool aborted = std::find(aborted_ranks_.begin(), aborted_ranks_.end(), r) != aborted_ranks_.end();
     for (auto& f : rs.failures) o.failures.push_back(f);
     if (rs.done) {
-      d.status = !rs.failures.empty() ? "fail" : rs.skipped ? "skip" : "pass";
+      d.status = !rs.failures.empty() ? RankStatus::Fail : rs.skipped ? RankStatus::Skip : RankStatus::Pass;
     } else if (timed_out && aborted) {
-      d.status = "timeout";
+      d.status = RankStatus::Timeout;
       still_running.push_back(r);
     } else if (aborted) {
-      d.status = "aborted";
+      d.status = RankStatus::Aborted;
     } else {
-      d.status = "crash";
+      d.status = RankStatus::Crash;
     }
     if (!rs.failures.empty()) {
       std::vector<std::string> m;
@@ -370,7 +370,7 @@ Outcome Supervisor::make_outcome(bool timed_out, const std::string& stacks, doub
     } else if (rs.done) {
       ran_ranks.push_back(r);
     }
-    if (d.status == "crash" && c) d.message = crash_reason(*c, r);
+    if (d.status == RankStatus::Crash && c) d.message = crash_reason(*c, r);
     o.ranks.push_back(std::move(d));
   }
 
@@ -379,7 +379,7 @@ Outcome Supervisor::make_outcome(bool timed_out, const std::string& stacks, doub
 
   for (auto& c : children_) {
     bool any_crashed = false;
-    for (int r : c.ranks) any_crashed |= o.ranks[r].status == "crash";
+    for (int r : c.ranks) any_crashed |= o.ranks[r].status == RankStatus::Crash;
     if (!any_crashed) continue;
     std::string why = crash_reason(c, -1);
     std::string tail = demangle_text(tail_lines(c.output, 40, 8192));

@@ -51,6 +51,28 @@ Status status_from_string(const std::string& s) {
       s));
 }
 
+namespace {
+constexpr std::pair<RankStatus, const char*> kRankStatusNames[] = {
+    {RankStatus::Pass, "pass"},       {RankStatus::Fail, "fail"},
+    {RankStatus::Skip, "skip"},       {RankStatus::Crash, "crash"},
+    {RankStatus::Timeout, "timeout"}, {RankStatus::Aborted, "aborted"},
+    {RankStatus::Unknown, "unknown"},
+};
+}  // namespace
+
+const char* to_string(RankStatus s) {
+  for (const auto& [status, name] : kRankStatusNames)
+    if (status == s) return name;
+  return "unknown";
+}
+
+RankStatus rank_status_from_string(const std::string& s) {
+  for (const auto& [status, name] : kRankStatusNames)
+    if (s == name) return status;
+  throw std::invalid_argument(fmt::format(
+      "unknown rank status '{}' (expected one of pass, fail, skip, crash, timeout, aborted, unknown)", s));
+}
+
 bool is_failure(Status s) {
   return s == Status::Fail || s == Status::XPass || s == Status::Timeout || s == Status::Crash ||
          s == Status::Flaky;
@@ -92,7 +114,7 @@ nlohmann::json to_json(const RunResults& r) {
     json ranks = json::array();
     for (const RankDetail& d : t.ranks) {
       json jd = {{"rank", d.rank},
-                 {"status", d.status},
+                 {"status", to_string(d.status)},
                  {"message", d.message},
                  {"duration_s", d.duration_s}};
       if (d.exit_code) jd["exit_code"] = *d.exit_code;
@@ -252,7 +274,11 @@ RunResults results_from_json(const nlohmann::json& j) {
         Reader rd(ranks[n], fmt::format("{}[{}]", rt.field("ranks"), n));
         RankDetail d;
         d.rank = rd.integer("rank");
-        d.status = rd.str("status");
+        try {
+          d.status = rank_status_from_string(rd.str("status"));
+        } catch (const std::invalid_argument& e) {
+          throw std::runtime_error(fmt::format("{}: {}", rd.field("status"), e.what()));
+        }
         d.message = rd.str("message", false);
         d.duration_s = rd.num("duration_s", false);
         d.exit_code = rd.opt_integer("exit_code");

@@ -276,7 +276,7 @@ std::string gdb_stacks(pid_t pid, double budget_s) {
 }  // namespace
 
 std::string capture_stacks(pid_t pid, const std::string& stacks_path, double budget_s) {
-  const std::string& mode = settings().stacks;
+  const std::string& mode = internal::settings().stacks;
   std::string text;
   if (mode == "signal" || mode == "both") {
     ::unlink(stacks_path.c_str());

@@ -19,6 +19,9 @@ using nlohmann::json;
 
 const Status kAllStatuses[] = {Status::Pass,  Status::Fail,   Status::Skip,    Status::NotSupported,
                                Status::XFail, Status::XPass,  Status::Timeout, Status::Crash};
+const RankStatus kAllRankStatuses[] = {RankStatus::Pass,    RankStatus::Fail,    RankStatus::Skip,
+                                       RankStatus::Crash,   RankStatus::Timeout, RankStatus::Aborted,
+                                       RankStatus::Unknown};
 
 // A private temp dir, removed at the end of the test.
 class ResultsTest : public ::testing::Test {
@@ -64,7 +67,7 @@ class ResultsTest : public ::testing::Test {
       if (s != Status::Pass) t.message = std::string("[rank 1] why ") + to_string(s) + "\nline 2";
       RankDetail d;
       d.rank = 1;
-      d.status = "fail";
+      d.status = kAllRankStatuses[(k - 1) % std::size(kAllRankStatuses)];
       d.message = "boom";
       d.duration_s = 0.1;
       if (s == Status::Crash) d.signal = 11;
@@ -98,6 +101,34 @@ TEST_F(ResultsTest, StatusNamesRoundTrip) {
   EXPECT_FALSE(is_failure(Status::XFail));
 }
 
+// results.json spells rank statuses in lower case, exactly as before RankStatus was an enum.
+TEST_F(ResultsTest, RankStatusNamesRoundTripWithTheirJsonSpelling) {
+  const std::pair<RankStatus, std::string> spelled[] = {
+      {RankStatus::Pass, "pass"},       {RankStatus::Fail, "fail"},
+      {RankStatus::Skip, "skip"},       {RankStatus::Crash, "crash"},
+      {RankStatus::Timeout, "timeout"}, {RankStatus::Aborted, "aborted"},
+      {RankStatus::Unknown, "unknown"},
+  };
+  ASSERT_EQ(std::size(spelled), std::size(kAllRankStatuses));
+  for (const auto& [status, name] : spelled) {
+    EXPECT_EQ(to_string(status), name);
+    EXPECT_EQ(rank_status_from_string(name), status) << name;
+  }
+  try {
+    rank_status_from_string("PASS");
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'PASS'"), std::string::npos) << e.what();
+  }
+  RunResults r = sample();
+  json j = to_json(r);
+  for (size_t i = 0; i < r.tests.size(); ++i) {
+    const auto& [status, name] = spelled[i % std::size(spelled)];
+    ASSERT_EQ(r.tests[i].ranks[0].status, status);
+    EXPECT_EQ(j["tests"][i]["ranks"][0]["status"], name) << r.tests[i].id;
+  }
+}
+
 TEST_F(ResultsTest, JsonRoundTripOfEveryStatus) {
   RunResults r = sample();
   fs::path p = dir_ / "sub" / "results.json";  // the writer creates the directory
@@ -119,6 +150,7 @@ TEST_F(ResultsTest, JsonRoundTripOfEveryStatus) {
     EXPECT_EQ(b.message, a.message);
     EXPECT_EQ(b.expectation, a.expectation);
     ASSERT_EQ(b.ranks.size(), 1u);
+    EXPECT_EQ(b.ranks[0].status, a.ranks[0].status) << a.id;
     EXPECT_EQ(b.ranks[0].signal, a.ranks[0].signal);
     EXPECT_EQ(b.ranks[0].exit_code, a.ranks[0].exit_code);
     EXPECT_EQ(b.ranks[0].message, "boom");
@@ -331,6 +363,12 @@ TEST_F(ResultsTest, CorruptOrIncompatibleResultsNameFileAndField) {
   missing["run_info"].erase("backend");
   m = read_error(p, missing.dump());
   EXPECT_NE(m.find("run_info.backend: missing field"), std::string::npos) << m;
+
+  json bad_rank_status = good;
+  bad_rank_status["tests"][2]["ranks"][0]["status"] = "passed";
+  m = read_error(p, bad_rank_status.dump());
+  EXPECT_NE(m.find("tests[2].ranks[0].status"), std::string::npos) << m;
+  EXPECT_NE(m.find("'passed'"), std::string::npos) << m;
 
   json bad_rank = good;
   bad_rank["tests"][1]["ranks"][0]["signal"] = "SIGSEGV";

@@ -1,6 +1,16 @@
 // The launcher below the GoogleTest glue: run a body on N ranks and get an outcome back.
 // run_distributed (harness.h) uses it; so do benchmarks and tools that run rank bodies
 // outside a TEST.
+//
+//   int main(int argc, char** argv) {
+//     std::string error;
+//     if (!tdc::harness::init(&argc, argv, &error)) return 2;  // --tdc_* flags, signal handlers
+//     tdc::harness::LaunchSpec spec{.suite = "Bench", .name = "all_reduce", .world_size = 4};
+//     tdc::harness::Outcome o = tdc::harness::launch(spec, [] { ... });  // body runs on each rank
+//   }
+//
+// The run-wide settings behind the flags and the test binaries' main() are process plumbing:
+// tdc/harness/internal/runtime.h.
 #pragma once
 
 #include <functional>
@@ -11,31 +21,6 @@
 #include "tdc/harness/results.h"
 
 namespace tdc::harness {
-
-// Run-wide settings, from --tdc_* flags and TDC_* environment variables (flags win).
-struct RunSettings {
-  Launcher launcher = Launcher::Fork;
-  std::string backend = "gloo";
-  std::string backend_lib;
-  std::string device_type = "cpu";
-  double timeout_s = 60;
-  bool keep_temp = false;
-  bool show_output = false;       // echo every rank's output even when the test passes
-  std::string stacks = "signal";  // stack capture on timeout / abort: signal | gdb | both
-  double stacks_timeout_s = 0;    // budget per process for capturing stacks; 0: 2 s signal, 20 s gdb
-  double stacks_budget_s() const {
-    return stacks_timeout_s > 0 ? stacks_timeout_s : stacks == "signal" ? 2.0 : 20.0;
-  }
-  int default_world_size = 4;
-  double abort_grace_s = 0.5;     // after a rank fails, how long the others may finish
-  std::string results_path;
-  std::string junit_path;
-  std::string expectations_path;
-  int events_fd = -1;             // progress stream (JSON lines) for `tdc run`
-  std::string implementation = "tdc-reference";
-  std::string implementation_version;
-};
-RunSettings& settings();
 
 struct LaunchSpec {
   std::string suite;
@@ -66,9 +51,11 @@ struct Outcome {
 // they are in the Outcome.
 Outcome launch(const LaunchSpec& spec, const std::function<void()>& body);
 
-// For main(): parse and strip --tdc_* flags; install signal handlers. Returns false on a bad flag.
+// testing::InitGoogleTest's counterpart, for a program with its own main() that calls launch():
+// applies TDC_* variables, then parses and strips --tdc_* flags (flags win), and installs the
+// parent's signal handlers (SIGINT/SIGTERM kill the ranks and remove the temp dir). Returns
+// false, with the message naming the flag and value, on a bad flag. Harness test binaries get it
+// from their main() (tdc_harness_main).
 bool init(int* argc, char** argv, std::string* error);
-// The complete main() of a harness test binary.
-int main(int argc, char** argv);
 
 }  // namespace tdc::harness

@@ -19,9 +19,22 @@ Status status_from_string(const std::string& s);  // throws std::invalid_argumen
 // A status that makes a run fail (FAIL, XPASS, TIMEOUT, CRASH, FLAKY).
 bool is_failure(Status s);
 
+// What one rank did in a test. The lower-case spellings are results.json's (docs/results-schema.md).
+enum class RankStatus {
+  Pass,     // "pass": the body returned without a failure
+  Fail,     // "fail": the body returned after a failed assertion or an exception
+  Skip,     // "skip": the body skipped (GTEST_SKIP, TDC_SKIP_IF, TDC_NOT_SUPPORTED)
+  Crash,    // "crash": the rank's process died or exited before the body returned
+  Timeout,  // "timeout": still running at the deadline
+  Aborted,  // "aborted": stopped by the harness after another rank failed, skipped or crashed
+  Unknown,  // "unknown": not known (a reader of results written by another tool)
+};
+const char* to_string(RankStatus s);
+RankStatus rank_status_from_string(const std::string& s);  // throws std::invalid_argument
+
 struct RankDetail {
   int rank = 0;
-  std::string status;        // "pass", "fail", "skip", "crash", "timeout", "aborted", "unknown"
+  RankStatus status = RankStatus::Unknown;
   std::string message;       // this rank's failures / skip reason / signal
   double duration_s = 0;
   std::optional<int> exit_code;
