@@ -32,40 +32,82 @@ std::string Params::str() const {
   return fmt::format("{}", fmt::join(parts, ", "));
 }
 
-std::vector<Params> expand_grid(const Grid& grid) {
-  std::vector<Params> out(1);
-  for (auto& [name, values] : grid) {
-    if (values.empty())
-      throw std::invalid_argument(fmt::format("subtest parameter '{}' has no values", name));
-    std::vector<Params> next;
-    for (auto& partial : out)
-      for (auto& v : values) {  // the last key varies fastest, as itertools.product does
-        Params p = partial;
-        p.items.emplace_back(name, v);
-        next.push_back(std::move(p));
+namespace {
+
+// Every combination of the axes' value indices, in run order: the last axis varies fastest, as
+// itertools.product does. Throws std::invalid_argument naming an axis without values.
+std::vector<std::vector<size_t>> combinations(const std::vector<internal::AxisLabels>& axes) {
+  std::vector<std::vector<size_t>> out(1);
+  for (const auto& axis : axes) {
+    if (axis.values.empty())
+      throw std::invalid_argument(fmt::format("subtest parameter '{}' has no values", axis.name));
+    std::vector<std::vector<size_t>> next;
+    for (const auto& partial : out)
+      for (size_t i = 0; i < axis.values.size(); ++i) {
+        next.push_back(partial);
+        next.back().push_back(i);
       }
     out = std::move(next);
   }
   return out;
 }
 
-void subtests(const Grid& grid, const std::function<void(const Params&)>& fn) {
-  auto& label = detail::subtest_label();
-  for (const Params& p : expand_grid(grid)) {
-    label = p.str();
-    try {
-      fn(p);
-    } catch (const detail::PeerLeft&) {
-      label.clear();
-      throw;  // a peer failed or skipped and left: this rank's body ends too
-    } catch (const c10::Error& e) {
-      ADD_FAILURE() << "uncaught exception: " << e.what_without_backtrace();
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "uncaught exception: " << e.what();
-    }
-    label.clear();
-    if (in_rank()) barrier();  // like run_subtests: every rank finishes a combination together
+// "name=value, name=value": the text every failure of the combination carries.
+std::string label_of(const std::vector<internal::AxisLabels>& axes, const std::vector<size_t>& index) {
+  std::vector<std::string> parts;
+  for (size_t k = 0; k < axes.size(); ++k) parts.push_back(axes[k].name + "=" + axes[k].values[index[k]]);
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+std::vector<internal::AxisLabels> labels_of(const Grid& grid) {
+  std::vector<internal::AxisLabels> axes;
+  for (const auto& [name, values] : grid) {
+    internal::AxisLabels& axis = axes.emplace_back(internal::AxisLabels{name, {}});
+    for (const ParamValue& v : values) axis.values.push_back(to_string(v));
   }
+  return axes;
+}
+
+Params params_of(const Grid& grid, const std::vector<size_t>& index) {
+  Params p;
+  for (size_t k = 0; k < grid.size(); ++k) p.items.emplace_back(grid[k].first, grid[k].second[index[k]]);
+  return p;
+}
+
+// Runs one combination as a named subtest: its failures carry `label`, an exception fails it
+// without stopping the others, and every rank meets the others afterwards (as run_subtests does).
+void run_one(const std::string& label, const std::function<void()>& body) {
+  auto& current = detail::subtest_label();
+  current = label;
+  try {
+    body();
+  } catch (const detail::PeerLeft&) {
+    current.clear();
+    throw;  // a peer failed or skipped and left: this rank's body ends too
+  } catch (const c10::Error& e) {
+    ADD_FAILURE() << "uncaught exception: " << e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "uncaught exception: " << e.what();
+  }
+  current.clear();
+  if (in_rank()) barrier();
+}
+
+}  // namespace
+
+void internal::run_subtests(const std::vector<AxisLabels>& axes,
+                            const std::function<void(const std::vector<size_t>&)>& body) {
+  for (const auto& index : combinations(axes)) run_one(label_of(axes, index), [&] { body(index); });
+}
+
+std::vector<Params> expand_grid(const Grid& grid) {
+  std::vector<Params> out;
+  for (const auto& index : combinations(labels_of(grid))) out.push_back(params_of(grid, index));
+  return out;
+}
+
+void subtests(const Grid& grid, const std::function<void(const Params&)>& fn) {
+  internal::run_subtests(labels_of(grid), [&](const std::vector<size_t>& index) { fn(params_of(grid, index)); });
 }
 
 }  // namespace tdc::harness

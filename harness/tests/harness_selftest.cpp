@@ -13,6 +13,9 @@
 #include <random>
 #include <sstream>
 
+#include <fmt/format.h>
+#include <gtest/gtest-spi.h>
+
 #include "tdc/harness/harness.h"
 #include "tdc/harness/results.h"
 #include "tdc/harness/subtests.h"
@@ -102,6 +105,19 @@ TDC_DIST_TEST(HarnessBasics, SubtestsRunInOrderOnEveryRank, .world_size = 2) {
   EXPECT_EQ(seen.back(), "a=False, n=3");
 }
 
+// The typed form inside ranks: the same order on every rank, values as typed, a barrier between.
+TDC_DIST_TEST(HarnessBasics, TypedSubtestsRunInOrderOnEveryRank, .world_size = 2) {
+  std::vector<std::pair<bool, int64_t>> seen;
+  subtests(Axis<bool>("a", {true, false}), Axis<int64_t>("n", {1, 2, 3}), [&](bool a, int64_t n) {
+    seen.emplace_back(a, n);
+    set_str(*ctx().store, "typed/" + std::to_string(seen.size()) + "/" + std::to_string(ctx().rank), "x");
+  });
+  const std::vector<std::pair<bool, int64_t>> want = {{true, 1}, {true, 2}, {true, 3}, {false, 1}, {false, 2}, {false, 3}};
+  EXPECT_EQ(seen, want);
+  // Every rank ran every combination (the barrier after each one makes the keys visible).
+  for (int r = 0; r < ctx().world_size; ++r) EXPECT_EQ(get_str(*ctx().store, "typed/6/" + std::to_string(r)), "x");
+}
+
 // The skip macros are single statements: an unbraced if/else around them keeps its meaning.
 TDC_DIST_TEST(HarnessBasics, SkipMacrosAreSafeInUnbracedIfElse, .world_size = 1) {
   bool took_else = false;
@@ -128,6 +144,56 @@ TEST(HarnessUnit, ExpandGridIsCartesianLastKeyFastest) {
   EXPECT_EQ(g[2].get<std::string>("s"), "a");
   EXPECT_THROW(g[0].get<int>("missing"), std::out_of_range);
   EXPECT_THROW(expand_grid({{"empty", {}}}), std::invalid_argument);
+}
+
+namespace {
+// PyTorch's style: a typed test method as the body, one parameter per axis.
+std::vector<std::string> g_typed_calls;
+void typed_body(bool flag, int64_t big, double ratio, const std::string& name) {
+  g_typed_calls.push_back(fmt::format("{}/{}/{}/{}", flag, big, ratio, name));
+}
+}  // namespace
+
+TEST(HarnessUnit, TypedSubtestsDeliverTypedValuesInCartesianOrder) {
+  g_typed_calls.clear();
+  const int64_t big = int64_t{1} << 40;  // survives only as a 64-bit integer
+  subtests(Axis<bool>("flag", {false, true}), Axis<int64_t>("big", {big, -1}), Axis<double>("ratio", {0.25}),
+           Axis<std::string>("name", {"a b", "c"}), typed_body);
+  const std::vector<std::string> want = {
+      "false/1099511627776/0.25/a b", "false/1099511627776/0.25/c", "false/-1/0.25/a b", "false/-1/0.25/c",
+      "true/1099511627776/0.25/a b",  "true/1099511627776/0.25/c",  "true/-1/0.25/a b",  "true/-1/0.25/c"};
+  EXPECT_EQ(g_typed_calls, want);
+
+  // A lambda works as well, and an axis can come from a vector built at run time.
+  std::vector<int> sizes = {3, 1};
+  std::vector<std::pair<int, float>> got;
+  subtests(Axis<int>("size", sizes), Axis<float>("scale", {0.5f}), [&](int size, float scale) { got.emplace_back(size, scale); });
+  EXPECT_EQ(got, (std::vector<std::pair<int, float>>{{3, 0.5f}, {1, 0.5f}}));
+}
+
+TEST(HarnessUnit, TypedSubtestsRejectAnEmptyAxisBeforeRunningAny) {
+  int calls = 0;
+  try {
+    subtests(Axis<bool>("reshard", {true}), Axis<int64_t>("mlp_dim", std::vector<int64_t>{}), [&](bool, int64_t) { ++calls; });
+    FAIL() << "an empty axis must throw";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'mlp_dim' has no values"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(calls, 0);
+}
+
+// A failure inside a subtest outside any rank is an ordinary GoogleTest failure, and the
+// subtests after it still run.
+TEST(HarnessUnit, TypedSubtestFailureDoesNotStopTheOthers) {
+  std::vector<int64_t> ran;
+  EXPECT_NONFATAL_FAILURE(
+      subtests(Axis<int64_t>("n", {1, 2, 3}),
+               [&](int64_t n) {
+                 ran.push_back(n);
+                 if (n == 2) throw std::runtime_error("n two");
+               }),
+      "uncaught exception: n two");
+  EXPECT_EQ(ran, (std::vector<int64_t>{1, 2, 3}));
 }
 
 TEST(HarnessUnit, CtxOutsideRankThrowsClearly) {
@@ -331,7 +397,11 @@ std::string first_line(const std::string& s) { return s.substr(0, s.find('\n'));
 }  // namespace
 
 TEST(HarnessMustFail, CrashOnOneRank) {
-  expect_status("CrashOnOneRank", Status::Crash, {"[rank 1]", "SIGSEGV", "last output"});
+  ChildRun r = expect_outcome("MustFail.CrashOnOneRank", {Status::Crash, {"[rank 1]", "SIGSEGV", "last output"}});
+  const TestResult& t = only_test(r);
+  ASSERT_EQ(t.ranks.size(), 4u) << r.output;
+  EXPECT_EQ(t.ranks[1].status, RankStatus::Crash) << to_string(t.ranks[1].status);
+  EXPECT_EQ(t.ranks[1].signal, SIGSEGV);
 }
 TEST(HarnessMustFail, HangOnOneRankTimesOutWithStacks) {
   expect_timeout("HangOnOneRank", {"ranks still running: [0, 1, 2, 3]", "stacks of rank 2", "tdc_mustfail::sleep_forever()"}, 3);
@@ -341,6 +411,16 @@ TEST(HarnessMustFail, ExceptionOnOneRank) {
 }
 TEST(HarnessMustFail, AssertInSubtestNamesRankAndParameters) {
   expect_status("AssertInSubtest", Status::Fail, {"[rank 1] [subtest x=2]", "x must be 1"});
+}
+// The typed form names its parameters exactly as the string-keyed one: only the last
+// combination fails, and only its label appears.
+TEST(HarnessMustFail, AssertInTypedSubtestNamesRankAndParameters) {
+  ChildRun r = expect_outcome("MustFail.AssertInTypedSubtest",
+                              {Status::Fail, {"[rank 1] [subtest reshard_after_forward=True, mlp_dim=16]",
+                                              "mlp_dim 16 fails with reshard"}});
+  const TestResult& t = only_test(r);
+  EXPECT_FALSE(contains(t.message, "reshard_after_forward=False")) << t.message;
+  EXPECT_FALSE(contains(t.message, "mlp_dim=2]")) << t.message;
 }
 TEST(HarnessMustFail, SkipDisagreementIsReported) {
   expect_status("SkipDisagreement", Status::Skip, {"rank 0 wants to skip", "ranks disagree", "skipped on [0]"});

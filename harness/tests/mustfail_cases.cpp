@@ -51,6 +51,17 @@ TDC_DIST_TEST(MustFail, AssertInSubtest) {
   });
 }
 
+// Only the last combination fails, on one rank.
+TDC_DIST_TEST(MustFail, AssertInTypedSubtest) {
+  using tdc::harness::Axis;
+  tdc::harness::subtests(Axis<bool>("reshard_after_forward", {false, true}), Axis<int64_t>("mlp_dim", {2, 16}),
+                         [](bool reshard, int64_t mlp_dim) {
+                           if (ctx().rank == 1) {
+                             EXPECT_FALSE(reshard && mlp_dim == 16) << "mlp_dim " << mlp_dim << " fails with reshard";
+                           }
+                         });
+}
+
 // ---- misaligned ranks: one rank fails (or returns) and never joins what the others wait in.
 namespace tdc_mustfail {
 // A stand-in for a collective (this binary links no process group): every rank must arrive.
