@@ -1,5 +1,5 @@
-// Conformance: PyTorch's test/distributed/_composable/fsdp/test_fully_shard_extensions.py
-// (PyTorch: test/distributed/_composable/fsdp/test_fully_shard_extensions.py). Same class and method names, same assertions.
+// Conformance: PyTorch's test/distributed/_composable/fsdp/test_fully_shard_extensions.py. Same
+// class and method names, same assertions.
 //
 // C++ has no tensor subclasses, so the spec's Part E mapping applies:
 //  * the all-gather extension is registered per parameter (fsdp::set_all_gather_extension)
@@ -11,6 +11,7 @@
 //  * BFloat16AllGatherTensor is re-created as an extension with the same pre/post hooks.
 // Launchers: the MultiProcess class runs fork-launched ranks (ws 2); the MultiThread class runs
 // its 8 ranks as threads (the harness's thread launcher), as FSDPTestMultiThread does.
+#include <functional>
 #include <mutex>
 #include <unordered_map>
 
@@ -25,15 +26,18 @@
 #include "tdc/conformance/support.h"
 #include "tdc/device_mesh.h"
 #include "tdc/fixtures/models.h"
+#include "tdc/fsdp/all_gather_extension.h"
 #include "tdc/fsdp/fully_shard.h"
 #include "tdc/harness/harness.h"
 #include "tdc/harness/subtests.h"
 #include "tdc/nn/layers.h"
+#include "tdc/nn/to_empty.h"
 #include "tdc/tensor/module_params.h"
 
 namespace {
 
 using namespace tdc;
+using harness::Axis;
 using harness::ctx;
 // assertEqual on float32 tensors: torch.testing's defaults.
 ::testing::AssertionResult assert_equal(const at::Tensor& actual, const at::Tensor& expected) {
@@ -166,57 +170,58 @@ void trunc_normal_init(nn::Module& model) {
 
 // ------------------------------------------------------------------ C.3.2 MultiProcess
 
+// _test_all_gather_extensions_train_parity under _patch_two_tensor_fsdp_all_gather(version).
+void _test_all_gather_extensions_train_parity(int version, bool reshard_after_forward) {
+  two = TwoBuffers{};
+  at::manual_seed(42);
+  auto model = init_two_tensor_mlp();
+  conformance::sync_from_rank0(*model);
+  nn::ModulePtr ref_model = model->deep_copy();
+  torch::optim::Adam ref_optim(ref_model->params(), torch::optim::AdamOptions(1e-2));
+  std::map<std::string, at::Tensor> full_b;  // b = w.clone() for every weight
+  for (auto& [fqn, p] : model->named_params()) {
+    if (fqn.find("weight") != std::string::npos) full_b[fqn] = p.detach().clone();
+  }
+  fully_shard_stack(*model, {.reshard_after_forward = reshard_after_forward});
+  make_two_tensor_shards(*model, full_b, version);
+  torch::optim::Adam optim(model->params(), torch::optim::AdamOptions(1e-2));
+  EXPECT_TRUE(conformance::sharded_parity(*ref_model, *model)) << "v" + std::to_string(version) + " after fully_shard:";
+
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(42 + ctx().rank + 1);
+  at::Tensor inp = at::randn({2, 8}, gen);
+  for (int iter_idx = 0; iter_idx < 10; ++iter_idx) {
+    const std::string when = "v" + std::to_string(version) + " iteration " + std::to_string(iter_idx);
+    at::Tensor ref_loss = (*ref_model)(inp).sum();
+    ref_loss.backward();
+    for (auto& p : ref_model->params()) {
+      comm::all_reduce(p.mutable_grad(), comm::ReduceOp::SUM);
+      p.mutable_grad().div_(ctx().world_size);
+    }
+    at::Tensor loss = (*model)(inp).sum();
+    loss.backward();
+    ASSERT_TRUE(assert_equal(loss, ref_loss)) << when + " loss";
+    EXPECT_TRUE(conformance::sharded_parity(*ref_model, *model)) << when + ":";
+    for (auto* optim_ : {&ref_optim, &optim}) {
+      optim_->step();
+      optim_->zero_grad(/*set_to_none=*/iter_idx % 2 == 0);
+    }
+    sync_shadows(*model);
+    EXPECT_TRUE(conformance::sharded_parity(*ref_model, *model)) << when + " after step:";
+  }
+  EXPECT_GT(two.post_calls_without_out, 0);
+  if (reshard_after_forward) {
+    EXPECT_GT(two.post_calls_with_out, 0) << "re-gathers refill the first unsharded tensors";
+    EXPECT_EQ(two.aliased_checks, two.post_calls_with_out);
+  }
+}
+
 TDC_DIST_TEST(TestFullyShardAllGatherExtensionsMultiProcess, test_all_gather_extensions_train_parity,
               .world_size = 2, .timeout_s = 120) {
   TDC_REQUIRE_CAPABILITY("fsdp2.all_gather_extensions");
   conformance::world();
   for (int version : {1, 2}) {
-    harness::subtests({{"reshard_after_forward", {true, false}}}, [&](const harness::Params& prm) {
-      two = TwoBuffers{};
-      at::manual_seed(42);
-      auto model = init_two_tensor_mlp();
-      conformance::sync_from_rank0(*model);
-      nn::ModulePtr ref_model = model->deep_copy();
-      torch::optim::Adam ref_optim(ref_model->params(), torch::optim::AdamOptions(1e-2));
-      std::map<std::string, at::Tensor> full_b;  // b = w.clone() for every weight
-      for (auto& [fqn, p] : model->named_params()) {
-        if (fqn.find("weight") != std::string::npos) full_b[fqn] = p.detach().clone();
-      }
-      const bool reshard = prm.get<bool>("reshard_after_forward");
-      fsdp::FullyShardOptions opts;
-      opts.reshard_after_forward = reshard;
-      fully_shard_stack(*model, opts);
-      make_two_tensor_shards(*model, full_b, version);
-      torch::optim::Adam optim(model->params(), torch::optim::AdamOptions(1e-2));
-      EXPECT_TRUE(conformance::sharded_parity(*ref_model, *model)) << "v" + std::to_string(version) + " after fully_shard:";
-
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(42 + ctx().rank + 1);
-      at::Tensor inp = at::randn({2, 8}, gen);
-      for (int iter_idx = 0; iter_idx < 10; ++iter_idx) {
-        const std::string when = "v" + std::to_string(version) + " iteration " + std::to_string(iter_idx);
-        at::Tensor ref_loss = (*ref_model)(inp).sum();
-        ref_loss.backward();
-        for (auto& p : ref_model->params()) {
-          comm::all_reduce(p.mutable_grad(), comm::ReduceOp::SUM);
-          p.mutable_grad().div_(ctx().world_size);
-        }
-        at::Tensor loss = (*model)(inp).sum();
-        loss.backward();
-        ASSERT_TRUE(assert_equal(loss, ref_loss)) << when + " loss";
-        EXPECT_TRUE(conformance::sharded_parity(*ref_model, *model)) << when + ":";
-        for (auto* o : {static_cast<torch::optim::Optimizer*>(&ref_optim), static_cast<torch::optim::Optimizer*>(&optim)}) {
-          o->step();
-          o->zero_grad(/*set_to_none=*/iter_idx % 2 == 0);
-        }
-        sync_shadows(*model);
-        EXPECT_TRUE(conformance::sharded_parity(*ref_model, *model)) << when + " after step:";
-      }
-      EXPECT_GT(two.post_calls_without_out, 0);
-      if (reshard) {
-        EXPECT_GT(two.post_calls_with_out, 0) << "re-gathers refill the first unsharded tensors";
-        EXPECT_EQ(two.aliased_checks, two.post_calls_with_out);
-      }
-    });
+    harness::subtests(Axis<bool>("reshard_after_forward", {true, false}),
+                      std::bind_front(_test_all_gather_extensions_train_parity, version));
   }
 }
 
@@ -224,41 +229,42 @@ TDC_DIST_TEST(TestFullyShardAllGatherExtensionsMultiProcess, test_all_gather_ext
 
 constexpr harness::Launcher kThreads = harness::Launcher::Thread;
 
-// Meta-device model, fully_shard with bf16 parameters, to_empty, init; three training steps
-// through the extension's out= path with a dtype-changing post hook.
+// _test_all_gather_extensions_end_to_end: meta-device model, fully_shard with bf16 parameters,
+// to_empty, init; three training steps through the extension's out= path with a dtype-changing
+// post hook.
+void _test_all_gather_extensions_end_to_end(int version, bool reshard_after_forward) {
+  two = TwoBuffers{};
+  two.expect_equal = false;  // trunc_normal_ draws a and b separately in the original
+  auto model = init_two_tensor_mlp();
+  nn::to_empty(*model, at::kMeta);  // "under the meta device": LibTorch has no meta-device context
+  for (auto& p : model->params()) ASSERT_TRUE(p.is_meta());
+  fully_shard_stack(*model, {.reshard_after_forward = reshard_after_forward,
+                             .mp_policy = {.param_dtype = at::kBFloat16}});
+  nn::to_empty(*model, at::kCPU);
+  trunc_normal_init(*model);
+  make_two_tensor_shards(*model, {}, version);
+  torch::optim::Adam optim(model->params(), torch::optim::AdamOptions(1e-2));
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(42 + ctx().rank + 1);
+  at::Tensor inp = at::randn({2, 8}, gen);
+  for (int i = 0; i < 3; ++i) {
+    (*model)(inp).sum().backward();
+    optim.step();
+    optim.zero_grad();
+    sync_shadows(*model);
+  }
+  EXPECT_GT(two.post_calls_without_out, 0);
+  if (reshard_after_forward) {
+    EXPECT_GT(two.post_calls_with_out, 0);
+  }
+}
+
 TDC_DIST_TEST(TestFullyShardAllGatherExtensionsMultiThread, test_all_gather_extensions_end_to_end, .world_size = 8,
               .timeout_s = 120, .launcher = kThreads) {
   TDC_REQUIRE_CAPABILITY("fsdp2.all_gather_extensions");
   conformance::world();
   for (int version : {1, 2}) {
-    harness::subtests({{"reshard_after_forward", {true, false}}}, [&](const harness::Params& prm) {
-      two = TwoBuffers{};
-      two.expect_equal = false;  // trunc_normal_ draws a and b separately in the original
-      auto model = init_two_tensor_mlp();
-      fsdp::to_empty(*model, at::kMeta);  // "under the meta device": LibTorch has no meta-device context
-      for (auto& p : model->params()) ASSERT_TRUE(p.is_meta());
-      const bool reshard = prm.get<bool>("reshard_after_forward");
-      fsdp::FullyShardOptions opts;
-      opts.reshard_after_forward = reshard;
-      opts.mp_policy.param_dtype = at::kBFloat16;
-      fully_shard_stack(*model, opts);
-      fsdp::to_empty(*model, at::kCPU);
-      trunc_normal_init(*model);
-      make_two_tensor_shards(*model, {}, version);
-      torch::optim::Adam optim(model->params(), torch::optim::AdamOptions(1e-2));
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(42 + ctx().rank + 1);
-      at::Tensor inp = at::randn({2, 8}, gen);
-      for (int i = 0; i < 3; ++i) {
-        (*model)(inp).sum().backward();
-        optim.step();
-        optim.zero_grad();
-        sync_shadows(*model);
-      }
-      EXPECT_GT(two.post_calls_without_out, 0);
-      if (reshard) {
-        EXPECT_GT(two.post_calls_with_out, 0);
-      }
-    });
+    harness::subtests(Axis<bool>("reshard_after_forward", {true, false}),
+                      std::bind_front(_test_all_gather_extensions_end_to_end, version));
   }
 }
 
@@ -273,9 +279,9 @@ TDC_DIST_TEST(TestFullyShardAllGatherExtensionsMultiThread, test_all_gather_exte
   tls_pre_all_gather_called = false;
   two = TwoBuffers{};
   auto model = init_two_tensor_mlp();
-  fsdp::to_empty(*model, at::kMeta);
+  nn::to_empty(*model, at::kMeta);
   fully_shard_stack(*model, {});
-  fsdp::to_empty(*model, at::kCPU);
+  nn::to_empty(*model, at::kCPU);
   trunc_normal_init(*model);
 
   fsdp::AllGatherExtension ext;
@@ -354,9 +360,7 @@ TDC_DIST_TEST(TestFullyShardAllGatherExtensionsMultiThread, test_all_gather_exte
   conformance::world();
   ASSERT_GE(ctx().world_size, 2);
   auto model = std::make_shared<fixtures::MLP>(3, /*bias=*/true, /*with_buffer=*/false, /*dim_multiplier=*/3);
-  fsdp::FullyShardOptions opts;
-  opts.reshard_after_forward = false;  // True is upstream issue 154836
-  fsdp::fully_shard(*model, opts);
+  fsdp::fully_shard(*model, {.reshard_after_forward = false});  // True is upstream issue 154836
   for (auto& [fqn, p] : model->named_params()) {
     if (fqn.find("weight") != std::string::npos) fsdp::set_all_gather_extension(*model, fqn, bf16_all_gather_extension());
   }
@@ -382,9 +386,7 @@ TDC_DIST_TEST(TestFullyShardAllGatherExtensionsMultiThread, test_all_gather_exte
                                      {"dp_replicate", "dp_shard"});
   two = TwoBuffers{};
   auto model = init_two_tensor_mlp();
-  fsdp::FullyShardOptions opts;
-  opts.mesh = mesh;
-  fully_shard_stack(*model, opts);
+  fully_shard_stack(*model, {.mesh = mesh});
   tls_mesh.reset();
   fsdp::AllGatherExtension ext;
   ext.pre_all_gather = [](const at::Tensor& local, const DeviceMesh& m, const std::vector<int64_t>&,

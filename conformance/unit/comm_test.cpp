@@ -14,7 +14,9 @@
 #include <gmock/gmock.h>
 
 #include "tdc/comm/backend_registry.h"
+#include "tdc/comm/argument_checks.h"
 #include "tdc/comm/collectives.h"
+#include "tdc/comm/testing.h"
 #include "tdc/comm/debug_mode.h"
 #include "tdc/comm/functional.h"
 #include "tdc/comm/process_group.h"

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "tdc/comm/argument_checks.h"
 #include "tdc/comm/collectives.h"
 #include "tdc/conformance/support.h"
 #include "tdc/device_mesh.h"

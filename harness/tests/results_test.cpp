@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tdc/harness/results.h"
-#include "../../tools/cli/xml_check.h"
+#include "tdc/harness/xml_check.h"
 
 namespace {
 
@@ -214,8 +214,8 @@ TEST_F(ResultsTest, JunitXmlIsWellFormedWithFailuresSkipsAndEscaping) {
   write_junit_xml(r, p);
   std::string text = slurp(p);
 
-  tdc::cli::XmlSummary s;
-  auto err = tdc::cli::xml_wellformed_error(text, &s);
+  XmlSummary s;
+  auto err = xml_wellformed_error(text, &s);
   ASSERT_FALSE(err) << *err << "\n" << text;
   EXPECT_EQ(s.root, "testsuites");
   EXPECT_EQ(s.count("testsuite"), 2);
@@ -235,7 +235,7 @@ TEST_F(ResultsTest, JunitXmlIsWellFormedWithFailuresSkipsAndEscaping) {
 }
 
 TEST_F(ResultsTest, XmlCheckerRejectsBrokenDocuments) {
-  using tdc::cli::xml_wellformed_error;
+  using tdc::harness::xml_wellformed_error;
   EXPECT_FALSE(xml_wellformed_error("<?xml version=\"1.0\"?>\n<a x=\"1\"><b/>t&amp;</a>\n"));
   EXPECT_TRUE(xml_wellformed_error("<a><b></a></b>"));
   EXPECT_TRUE(xml_wellformed_error("<a x=\"<\"/>"));

@@ -8,6 +8,8 @@
 // not counted by CommDebugMode (they are tdc's, not the caller's).
 #include "checks.h"
 
+#include "tdc/comm/argument_checks.h"
+
 #include <cstdlib>
 #include <optional>
 #include <stdexcept>

@@ -1,4 +1,5 @@
 #include "tdc/comm/collectives.h"
+#include "tdc/comm/testing.h"
 
 #include <cstdio>
 #include <stdexcept>

@@ -1,5 +1,4 @@
-// Internal to impl/comm and impl/mesh: the built-in backend factories and the collective entry
-// points that let one tdc collective be built from another without counting it twice.
+// Internal to impl/comm: the built-in backend factories.
 #pragma once
 
 #include <optional>
@@ -9,7 +8,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "tdc/comm/collectives.h"
-#include "tdc/comm/debug_mode.h"
+#include "tdc/comm/detail/collectives.h"
 #include "tdc/comm/process_group.h"
 
 namespace tdc::comm::detail {
@@ -24,15 +23,5 @@ bool nccl_available();
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                                     int rank, int size,
                                                     const GroupOptions& options);
-
-// The collectives of collectives.h with the CommDebugMode key to record under (nullopt: record
-// nothing). functional.cpp uses them to count c10d_functional.* instead of c10d.*.
-Work all_reduce(at::Tensor& tensor, ReduceOp op, const GroupPtr& group, bool async_op,
-                std::optional<OpKind> record_as);
-Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const GroupPtr& group,
-                            bool async_op, std::optional<OpKind> record_as);
-Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op,
-                           const GroupPtr& group, bool async_op, std::optional<OpKind> record_as);
-
 
 }  // namespace tdc::comm::detail

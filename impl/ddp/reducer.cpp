@@ -2,6 +2,8 @@
 // overlapped bucket all-reduces, end-of-backward finalisation, unused-parameter search.
 #include "reducer.h"
 
+#include "tdc/comm/argument_checks.h"
+
 #include <cstring>
 #include <map>
 #include <set>
@@ -28,14 +30,6 @@ using torch::autograd::variable_list;
 // exchange per bucket would serialise the overlap DDP exists for. They are safe without it: the
 // construction-time fingerprint proves every rank has the same parameters, so every rank builds
 // the same buckets (same order, dtypes and sizes) and launches them in index order.
-class ChecksOff {
- public:
-  ChecksOff() : prev_(comm::argument_checks()) { comm::set_argument_checks(false); }
-  ~ChecksOff() { comm::set_argument_checks(prev_); }
-
- private:
-  bool prev_;
-};
 
 class ReadyHook : public torch::autograd::FunctionPostHook {
  public:
@@ -364,7 +358,7 @@ void Reducer::launch_ready_buckets() {
     stats_.launches.emplace_back(static_cast<int>(next_bucket_),
                                  static_cast<int>(params_.size() - ready_count_));
     {
-      ChecksOff checks_off;  // [Note: bucket all-reduces skip the argument checks]
+      comm::ScopedArgumentChecks checks_off(false);  // [Note: bucket all-reduces skip the argument checks]
       b.work = comm::all_reduce(b.flat, comm::ReduceOp::AVG, group_, /*async_op=*/true);
     }
     b.launched = true;
@@ -396,7 +390,7 @@ void Reducer::finalize_backward() {
   if (!locally_used_.empty()) {
     at::Tensor used = at::tensor(locally_used_, at::kInt);
     if (group_->size() > 1) {
-      ChecksOff checks_off;  // same size on every rank: one flag per parameter
+      comm::ScopedArgumentChecks checks_off(false);  // same size on every rank: one flag per parameter
       comm::all_reduce(used, comm::ReduceOp::SUM, group_);
     }
     for (size_t i = 0; i < params_.size(); ++i) globally_unused[i] = used[i].item<int32_t>() == 0;

@@ -1,93 +1,79 @@
-// Internal to impl/fsdp: one parameter of a fully_shard'ed module (FSDPParam) and the group of
-// parameters one fully_shard call owns (ParamGroup): its all-gather (copy-in, collective,
-// copy-out; extension gathers), reshard (storage freed in place), and gradient reduce-scatter.
-// fully_shard.cpp builds groups and drives them from module hooks and autograd.
+// The parameters one fully_shard call owns (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py):
+// their ShardedState ([Note: FSDP lifecycles] in common.h), unshard / wait / reshard, and the
+// reduce-scatter of their gradients in backward.
 #pragma once
 
-#include <map>
-#include <memory>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 
-#include "tdc/comm/collectives.h"
+#include "collectives.h"
+#include "common.h"
+#include "param.h"
 #include "tdc/fsdp/fully_shard.h"
-#include "tdc/tensor/dtensor.h"
 
 namespace tdc::fsdp {
 
-// ------------------------------------------------------------------ parameters and groups
+class ParamGroup {
+ public:
+  ParamGroup(std::vector<FSDPParam> params, MeshInfo mesh_info, const FullyShardOptions& options);
 
-struct FSDPParam {
-  std::string fqn;                                        // relative to the fully_shard'ed module
-  std::vector<std::pair<nn::Module*, std::string>> uses;  // every registration (tied params)
-  std::vector<int64_t> local_shape;  // what the module computes with (TP-local when TP'd)
-  at::ScalarType orig_dtype = at::kFloat;
-  at::ScalarType param_dtype = at::kFloat;  // unsharded dtype (mp_policy.param_dtype or orig)
-  int64_t dim = 0;                          // FSDP shard dim of the local tensor
-  int64_t rows = 0, padded = 0, my_rows = 0, row_numel = 1;
-  bool requires_grad = true;
-  at::Tensor shard;      // the registered leaf
-  at::Tensor unsharded;  // local_shape, param_dtype; storage freed while resharded
-  int64_t gathered_version = -1;  // shard version the unsharded data was gathered from
-  at::Tensor grad_accum;          // unsharded gradient accumulated without sync
-  tensor::DTensorSpec spec;
-  // All-gather extension (set_all_gather_extension): the gathered buffers are kept (same
-  // storage every time: post_all_gather refills `unsharded` from them).
-  std::shared_ptr<AllGatherExtension> ext;
-  std::vector<at::Tensor> ext_outputs, ext_to_free;
-  std::shared_ptr<void> ext_meta;
-};
+  std::vector<FSDPParam>& params() { return params_; }
+  const std::vector<FSDPParam>& params() const { return params_; }
+  bool empty() const { return params_.empty(); }
+  const MeshInfo& mesh_info() const { return mesh_info_; }
+  const MixedPrecisionPolicy& mp_policy() const { return mp_; }
+  const OffloadPolicy& offload_policy() const { return offload_; }
+  // Module FQN (or type) for lifecycle errors; set by the state at lazy init.
+  void set_label(std::string label) { label_ = std::move(label); }
+  const std::string& label() const { return label_; }
 
-struct ParamGroup {
-  std::vector<FSDPParam> params;
-  DeviceMesh mesh{std::shared_ptr<const DeviceMesh::State>()};
-  DeviceMesh shard_mesh{std::shared_ptr<const DeviceMesh::State>()};  // the 1-D shard dim of `mesh`
-  comm::GroupPtr shard_pg, replicate_pg;
-  int64_t shard_size = 1, shard_rank = 0, replicate_size = 1;
-  MixedPrecisionPolicy mp;
-  OffloadPolicy offload;
-  bool unsharded = false;
+  // ---------------------------------------------------------------- ShardedState
+  ShardedState sharded_state() const { return sharded_state_; }
+  // Sharded (or stale Unsharded) -> Unsharding -> (sync) Unsharded. A no-op when Unsharded and up
+  // to date; a sync unshard while Unsharding waits for the pending gather.
+  void unshard(bool async_op = false);
+  // Unsharding -> Unsharded (copy-out); a no-op in the other states.
+  void wait_for_unshard();
+  // Unsharded -> Sharded (storage freed, substitutes removed); a no-op when Sharded. Throws
+  // naming the module and both states when Unsharding.
+  void reshard();
+  // What FSDP's own hooks do: finish a pending gather nobody waited for, then reshard.
+  void finish_and_reshard();
+  // Every parameter adopts a shard tensor re-registered behind FSDP's back (nn::to_empty).
+  void reset_sharded_params();
+
+  // ---------------------------------------------------------------- forward / backward
+  // The gradients of one forward call's unsharded parameters -> shard gradients (or kept, under
+  // no_sync). Throws when a shard changed since the gather.
+  std::vector<at::Tensor> reduce_grads(const std::vector<at::Tensor>& grads);
   // Autograd nodes of this group whose backward has not run yet (one per forward call with grad):
   // a module called twice before backward reshards only after its last node ran, since the other
   // call's saved tensors alias the same unsharded storage.
-  int pending_nodes = 0;
-  bool gather_checked = false, reduce_checked = false;  // [Note: FSDP's collectives skip ...]
-  bool reshard_after_backward = true;
-  bool requires_sync = true;
-  // A pending async all-gather: finish() copies out.
-  struct Pending {
-    comm::Work work;
-    std::vector<std::pair<std::vector<size_t>, at::Tensor>> outs;  // param indices per dtype bucket
-  };
-  std::optional<Pending> pending;
-
-  // dtype buckets: params with the same unsharded dtype share one collective (extension
-  // parameters are gathered on their own).
-  std::map<at::ScalarType, std::vector<size_t>> buckets() const;
-  // The unsharded tensors hold the shards' current values (gathered, no shard changed since).
-  bool valid() const;
-
-  // All-gather: start (copy-in and the collective, async or not), finish (wait, copy-out into
-  // the unsharded tensors, re-allocating freed storage); unshard = both unless already valid.
-  void start_all_gather(bool async_op);
-  void finish_all_gather();
-  void unshard(bool async_op = false);
-  // An extension parameter: pre_all_gather, then one all-gather per returned tensor into the
-  // kept buffers (synchronous; copied in without a version bump: autograd saved aliases);
-  // finish_extension runs post_all_gather.
-  void gather_extension(FSDPParam& p);
-  void finish_extension(FSDPParam& p);
-  // Frees the unsharded storage (and the extension buffers), clears the substitutes.
-  void reshard();
-
-  // Throws naming the parameter when a shard changed since it was gathered.
+  void add_pending_node() { ++pending_nodes_; }
+  bool finish_pending_node() { pending_nodes_ = std::max(0, pending_nodes_ - 1); return pending_nodes_ == 0; }
+  void clear_pending_nodes() { pending_nodes_ = 0; }
   void check_unmodified(const char* when) const;
-  // Unsharded gradients (param_dtype, undefined = none) -> shard gradients (orig dtype).
-  std::vector<at::Tensor> reduce(const std::vector<at::Tensor>& grads);
+
+  // ---------------------------------------------------------------- knobs (FSDPModule setters)
+  bool reshard_after_forward = true;
+  bool reshard_after_backward = true;
+  bool requires_gradient_sync = true;
+
+ private:
+  bool up_to_date() const;
+
+  std::vector<FSDPParam> params_;
+  MeshInfo mesh_info_;
+  MixedPrecisionPolicy mp_;
+  OffloadPolicy offload_;
+  std::string label_;
+  ShardedState sharded_state_ = ShardedState::Sharded;
+  std::optional<AllGatherResult> all_gather_result_;  // set exactly while Unsharding
+  int pending_nodes_ = 0;
+  CollectiveChecks checks_;
 };
 
 }  // namespace tdc::fsdp

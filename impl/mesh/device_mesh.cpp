@@ -60,27 +60,32 @@ std::vector<int> ranks_of(const at::Tensor& t) {
 
 DeviceMesh::DeviceMesh(std::shared_ptr<const State> state) : state_(std::move(state)) {}
 
-const std::string& DeviceMesh::device_type() const { return state_->device_type; }
-int64_t DeviceMesh::ndim() const { return static_cast<int64_t>(state_->shape.size()); }
-std::vector<int64_t> DeviceMesh::shape() const { return state_->shape; }
-int64_t DeviceMesh::size() const { return state_->mesh.numel(); }
+const DeviceMesh::State& DeviceMesh::state() const {
+  if (!state_) throw std::logic_error("DeviceMesh: this is no mesh (default-constructed); build one with init_device_mesh");
+  return *state_;
+}
+
+const std::string& DeviceMesh::device_type() const { return state().device_type; }
+int64_t DeviceMesh::ndim() const { return static_cast<int64_t>(state().shape.size()); }
+std::vector<int64_t> DeviceMesh::shape() const { return state().shape; }
+int64_t DeviceMesh::size() const { return state().mesh.numel(); }
 int64_t DeviceMesh::size(int64_t dim) const {
   if (dim < 0 || dim >= ndim()) {
     throw std::out_of_range(fmt::format("DeviceMesh::size: dim {} is out of range for {}", dim, to_string()));
   }
-  return state_->shape[dim];
+  return state().shape[dim];
 }
-const std::vector<std::string>& DeviceMesh::mesh_dim_names() const { return state_->names; }
-at::Tensor DeviceMesh::mesh() const { return state_->mesh.clone(); }
+const std::vector<std::string>& DeviceMesh::mesh_dim_names() const { return state().names; }
+at::Tensor DeviceMesh::mesh() const { return state().mesh.clone(); }
 
 int64_t DeviceMesh::dim_index(const std::string& name) const {
-  auto it = std::find(state_->names.begin(), state_->names.end(), name);
-  if (it == state_->names.end()) {
+  auto it = std::find(state().names.begin(), state().names.end(), name);
+  if (it == state().names.end()) {
     throw std::invalid_argument(fmt::format(
         "DeviceMesh: no dim named '{}'; this mesh's dims are ({})", name,
-        state_->names.empty() ? std::string("unnamed") : quoted(state_->names)));
+        state().names.empty() ? std::string("unnamed") : quoted(state().names)));
   }
-  return it - state_->names.begin();
+  return it - state().names.begin();
 }
 
 DeviceMesh DeviceMesh::operator[](const std::string& name) const {
@@ -95,7 +100,7 @@ DeviceMesh DeviceMesh::operator[](const std::vector<std::string>& names) const {
     if (dims[i] <= dims[i - 1]) {
       throw std::invalid_argument(fmt::format(
           "DeviceMesh: slice ({}) must name distinct dims in mesh order ({})", quoted(names),
-          quoted(state_->names)));
+          quoted(state().names)));
     }
   }
   return select_dims(dims);
@@ -109,30 +114,30 @@ DeviceMesh DeviceMesh::select_dims(const std::vector<int64_t>& dims) const {
     }
   }
   auto s = std::make_shared<State>();
-  s->device_type = state_->device_type;
-  s->rank = state_->rank;
+  s->device_type = state().device_type;
+  s->rank = state().rank;
   // Keep the caller's slice: fix every dropped dim at the caller's coordinate (highest first, so
   // lower dim indices stay valid).
-  at::Tensor t = state_->mesh;
+  at::Tensor t = state().mesh;
   for (int64_t d = ndim() - 1; d >= 0; --d) {
-    if (std::find(dims.begin(), dims.end(), d) == dims.end()) t = t.select(d, state_->coord[d]);
+    if (std::find(dims.begin(), dims.end(), d) == dims.end()) t = t.select(d, state().coord[d]);
   }
   s->mesh = t.contiguous();
   for (int64_t d : dims) {
-    s->shape.push_back(state_->shape[d]);
-    if (!state_->names.empty()) s->names.push_back(state_->names[d]);
-    s->groups.push_back(state_->groups[d]);
-    s->coord.push_back(state_->coord[d]);
-    s->root_dims.push_back(state_->root ? state_->root_dims[d] : d);
+    s->shape.push_back(state().shape[d]);
+    if (!state().names.empty()) s->names.push_back(state().names[d]);
+    s->groups.push_back(state().groups[d]);
+    s->coord.push_back(state().coord[d]);
+    s->root_dims.push_back(state().root ? state().root_dims[d] : d);
   }
-  s->root = state_->root ? state_->root : state_;
+  s->root = state().root ? state().root : state_;
   return DeviceMesh(std::move(s));
 }
 
-DeviceMesh DeviceMesh::root_mesh() const { return state_->root ? DeviceMesh(state_->root) : *this; }
+DeviceMesh DeviceMesh::root_mesh() const { return state().root ? DeviceMesh(state().root) : *this; }
 
 std::vector<int64_t> DeviceMesh::dims_in_root() const {
-  if (state_->root) return state_->root_dims;
+  if (state().root) return state().root_dims;
   std::vector<int64_t> all(ndim());
   for (int64_t d = 0; d < ndim(); ++d) all[d] = d;
   return all;
@@ -143,7 +148,7 @@ comm::GroupPtr DeviceMesh::get_group(int64_t dim) const {
     throw std::out_of_range(fmt::format("DeviceMesh::get_group: dim {} is out of range for {}", dim,
                                         to_string()));
   }
-  return state_->groups[dim];
+  return state().groups[dim];
 }
 comm::GroupPtr DeviceMesh::get_group(const std::string& name) const { return get_group(dim_index(name)); }
 comm::GroupPtr DeviceMesh::get_group() const {
@@ -152,7 +157,7 @@ comm::GroupPtr DeviceMesh::get_group() const {
         "DeviceMesh::get_group() without a dim needs a 1-D mesh; {} is {}-D: pass a dim", to_string(),
         ndim()));
   }
-  return state_->groups[0];
+  return state().groups[0];
 }
 
 int64_t DeviceMesh::get_local_rank(int64_t dim) const {
@@ -160,7 +165,7 @@ int64_t DeviceMesh::get_local_rank(int64_t dim) const {
     throw std::out_of_range(fmt::format("DeviceMesh::get_local_rank: dim {} is out of range for {}",
                                         dim, to_string()));
   }
-  return state_->coord[dim];
+  return state().coord[dim];
 }
 int64_t DeviceMesh::get_local_rank(const std::string& name) const {
   return get_local_rank(dim_index(name));
@@ -171,42 +176,42 @@ int64_t DeviceMesh::get_local_rank() const {
         "DeviceMesh::get_local_rank() without a dim needs a 1-D mesh; {} is {}-D: pass a dim",
         to_string(), ndim()));
   }
-  return state_->coord[0];
+  return state().coord[0];
 }
-int64_t DeviceMesh::get_rank() const { return state_->rank; }
-std::vector<int64_t> DeviceMesh::get_coordinate() const { return state_->coord; }
+int64_t DeviceMesh::get_rank() const { return state().rank; }
+std::vector<int64_t> DeviceMesh::get_coordinate() const { return state().coord; }
 
 DeviceMesh DeviceMesh::flatten(const std::string& name) const {
   std::string flat_name = name;
   if (flat_name.empty()) {
-    flat_name = state_->names.empty() ? std::string("flat") : fmt::format("{}", fmt::join(state_->names, "_"));
+    flat_name = state().names.empty() ? std::string("flat") : fmt::format("{}", fmt::join(state().names, "_"));
   }
   auto s = std::make_shared<State>();
-  s->device_type = state_->device_type;
-  s->rank = state_->rank;
-  s->mesh = state_->mesh.reshape({-1}).contiguous();
+  s->device_type = state().device_type;
+  s->rank = state().rank;
+  s->mesh = state().mesh.reshape({-1}).contiguous();
   s->shape = {s->mesh.numel()};
   s->names = {flat_name};
-  const std::vector<int> ranks = ranks_of(state_->mesh);
+  const std::vector<int> ranks = ranks_of(state().mesh);
   s->groups = {group_for(ranks, flat_name)};
   // Row-major flattening of the caller's coordinate.
   int64_t index = 0;
-  for (int64_t d = 0; d < ndim(); ++d) index = index * state_->shape[d] + state_->coord[d];
+  for (int64_t d = 0; d < ndim(); ++d) index = index * state().shape[d] + state().coord[d];
   s->coord = {index};
   return DeviceMesh(std::move(s));
 }
 
 bool DeviceMesh::operator==(const DeviceMesh& other) const {
   return state_ == other.state_ ||
-         (state_->device_type == other.state_->device_type && state_->shape == other.state_->shape &&
-          state_->names == other.state_->names && state_->mesh.equal(other.state_->mesh));
+         (state().device_type == other.state().device_type && state().shape == other.state().shape &&
+          state().names == other.state().names && state().mesh.equal(other.state().mesh));
 }
 
 std::string DeviceMesh::to_string() const {
-  std::string out = fmt::format("DeviceMesh('{}', {}", state_->device_type, nested(state_->mesh));
-  if (!state_->names.empty()) {
-    out += fmt::format(", mesh_dim_names=({}{})", quoted(state_->names),
-                       state_->names.size() == 1 ? "," : "");
+  std::string out = fmt::format("DeviceMesh('{}', {}", state().device_type, nested(state().mesh));
+  if (!state().names.empty()) {
+    out += fmt::format(", mesh_dim_names=({}{})", quoted(state().names),
+                       state().names.size() == 1 ? "," : "");
   }
   return out + ")";
 }

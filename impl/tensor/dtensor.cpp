@@ -8,7 +8,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include "layout.h"
+#include "tdc/tensor/detail/layout.h"
 #include "tdc/comm/collectives.h"
 
 namespace tdc::tensor {
@@ -164,9 +164,6 @@ Placements grad_placements(const Placements& placements) {
   return out;
 }
 
-}  // namespace detail
-
-namespace {
 std::vector<int64_t> contiguous_stride(const std::vector<int64_t>& shape) {
   std::vector<int64_t> stride(shape.size(), 1);
   for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d) {
@@ -174,8 +171,13 @@ std::vector<int64_t> contiguous_stride(const std::vector<int64_t>& shape) {
   }
   return stride;
 }
+
 std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
-}  // namespace
+
+}  // namespace detail
+
+using detail::contiguous_stride;
+using detail::shape_str;
 
 std::vector<int64_t> DTensorSpec::local_shape() const {
   return detail::local_shape_at(*this, mesh.get_coordinate());

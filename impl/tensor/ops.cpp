@@ -25,24 +25,15 @@
 #include <ATen/ATen.h>
 
 #include "tdc/comm/collectives.h"
+#include "tdc/tensor/detail/layout.h"
 
 namespace tdc::tensor::ops {
 namespace {
 
 using Shape = std::vector<int64_t>;
 
-std::string shape_str(const Shape& s) {
-  std::string out = "[";
-  for (size_t k = 0; k < s.size(); ++k) out += (k ? ", " : "") + std::to_string(s[k]);
-  return out + "]";
-}
-
-Shape contiguous_stride(const Shape& shape) {
-  Shape stride(shape.size(), 1);
-  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d)
-    stride[d] = stride[d + 1] * std::max<int64_t>(shape[d + 1], 1);
-  return stride;
-}
+using detail::contiguous_stride;
+using detail::shape_str;
 
 DTensor make(at::Tensor local, const DeviceMesh& mesh, Placements placements, Shape shape) {
   DTensorSpec spec{mesh, std::move(placements), shape, contiguous_stride(shape), local.scalar_type()};

@@ -14,9 +14,9 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "layout.h"
+#include "tdc/tensor/detail/layout.h"
 #include "tdc/comm/collectives.h"
-#include "../comm/internal.h"
+#include "tdc/comm/detail/collectives.h"
 
 namespace tdc::tensor::detail {
 namespace {

@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "../tensor/layout.h"
+#include "tdc/tensor/detail/layout.h"
 #include "tdc/nn/layers.h"
 #include "tdc/tensor/dtensor.h"
 #include "tdc/tensor/module_params.h"

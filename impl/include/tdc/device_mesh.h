@@ -16,6 +16,10 @@ namespace tdc {
 
 class DeviceMesh {
  public:
+  // No mesh (a default DTensorSpec's, say): valid() is false and every other query throws.
+  DeviceMesh() = default;
+  bool valid() const { return state_ != nullptr; }
+
   const std::string& device_type() const;
   int64_t ndim() const;
   std::vector<int64_t> shape() const;
@@ -60,10 +64,13 @@ class DeviceMesh {
   bool operator==(const DeviceMesh& other) const;
   std::string to_string() const;            // "DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp'))"
 
-  struct State;
-  explicit DeviceMesh(std::shared_ptr<const State> state);
 
  private:
+  struct State;
+  explicit DeviceMesh(std::shared_ptr<const State> state);
+  const State& state() const;  // throws on a default-constructed DeviceMesh
+  friend DeviceMesh init_device_mesh(const std::string&, const std::vector<int64_t>&,
+                                     const std::vector<std::string>&);
   std::shared_ptr<const State> state_;
 };
 

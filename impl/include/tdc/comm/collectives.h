@@ -15,7 +15,8 @@
 // written through autograd-free aliases and their version counter is bumped once.
 // Argument checks: when enabled (default; TDC_COMM_CHECKS=0 disables), each collective first
 // exchanges a small fingerprint (op, dtype, shape) so that ranks that disagree get an error
-// naming the op, the group and every rank's tensor, instead of a hang.
+// naming the op, the group and every rank's tensor, instead of a hang (comm/argument_checks.h).
+// Test patch points that intercept collectives: comm/testing.h.
 #pragma once
 
 #include <functional>
@@ -27,11 +28,9 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "tdc/comm/process_group.h"
+#include "tdc/comm/reduce_op.h"
 
 namespace tdc::comm {
-
-enum class ReduceOp { SUM, AVG, MAX, MIN };
-const char* to_string(ReduceOp op);
 
 // A pending collective. wait() finishes it, including any emulation step. Waiting twice is a
 // no-op. Destroying a Work that was never waited waits for it.
@@ -71,44 +70,5 @@ Work broadcast(at::Tensor& tensor, int src, const GroupPtr& group = {}, bool asy
 Work send(const at::Tensor& tensor, int dst, const GroupPtr& group = {}, int tag = 0);
 Work recv(at::Tensor& tensor, int src, const GroupPtr& group = {}, int tag = 0);
 void barrier(const GroupPtr& group = {});
-
-// ---------------------------------------------------------------- test patch points
-// Spec B.7's patch_all_gather / patch_reduce_scatter: while a patch object lives on the calling
-// thread (rank), all_gather_into_tensor / reduce_scatter_tensor call its function instead, with
-// the arguments and `call_original` (the real collective: call it, or not, exactly once to keep
-// the ranks in step). Tests use them to delay or observe collectives (e.g. a sleep before every
-// reduce-scatter). Per thread, so no barrier is needed around the swap; nested patches: the
-// newest wins, and its call_original runs the real op. The differentiable collectives
-// (functional.h) and DTensor's are not patched, as PyTorch's patch targets the c10d entry points.
-using AllGatherPatch = std::function<Work(at::Tensor& output, const at::Tensor& input, const GroupPtr& group,
-                                          bool async_op, const std::function<Work()>& call_original)>;
-using ReduceScatterPatch =
-    std::function<Work(at::Tensor& output, const at::Tensor& input, ReduceOp op, const GroupPtr& group,
-                       bool async_op, const std::function<Work()>& call_original)>;
-class PatchAllGather {
- public:
-  explicit PatchAllGather(AllGatherPatch fn);
-  ~PatchAllGather();
-  PatchAllGather(const PatchAllGather&) = delete;
-  PatchAllGather& operator=(const PatchAllGather&) = delete;
-
- private:
-  AllGatherPatch previous_;
-};
-class PatchReduceScatter {
- public:
-  explicit PatchReduceScatter(ReduceScatterPatch fn);
-  ~PatchReduceScatter();
-  PatchReduceScatter(const PatchReduceScatter&) = delete;
-  PatchReduceScatter& operator=(const PatchReduceScatter&) = delete;
-
- private:
-  ReduceScatterPatch previous_;
-};
-
-// Turn the cross-rank argument checks on or off for the calling thread (default from
-// TDC_COMM_CHECKS, on unless "0").
-void set_argument_checks(bool enabled);
-bool argument_checks();
 
 }  // namespace tdc::comm

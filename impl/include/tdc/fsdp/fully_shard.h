@@ -1,22 +1,23 @@
-// FSDP2: fully_shard (torch.distributed.fsdp.fully_shard) for tdc::nn modules.
+// FSDP2 for tdc::nn modules: fully_shard (torch.distributed.fsdp.fully_shard).
 //
-// fully_shard(module) makes `module` own one parameter group: every parameter in its subtree
-// that no nested fully_shard'ed module already owns. Apply it bottom-up (blocks, then the root).
-// Each parameter is sharded on dim 0 (or the dim shard_placement_fn picks) over the mesh's shard
-// dim, torch.chunk rule, padded to equal rows for the collectives. The registered parameter
-// becomes the rank's shard: a leaf the optimizer sees, with a DTensorSpec (tensor/module_params.h)
-// so it reads back as a DTensor (2-D with tensor parallel: (StridedShard(0), Shard(0)) when
-// both shard dim 0, (Shard(0), Shard(d)) / (Shard(0), Replicate()) otherwise).
+//   for (auto& block : model->blocks) fsdp::fully_shard(*block);
+//   fsdp::FSDPModule root = fsdp::fully_shard(*model, {.reshard_after_forward = true});
+//   model->forward(x).sum().backward();   // gradients land in the shards' .grad
 //
-// Runtime, per group (architecture.md): before the module's forward one all-gather of all the
-// group's shards (copy-in to one buffer, collective, copy-out to per-parameter views), exposed
-// to the module as parameter substitutes; one autograd node per group whose backward
-// reduce-scatters all the group's gradients at once (and all-reduces them over the replicate
-// dim with HSDP) into the shards' .grad. reshard_after_forward frees the unsharded storage after
-// forward and all-gathers it again (into the same storage) before the module's backward. The
-// root is initialised lazily at its first forward and does not reshard after forward (its
-// parameters would be gathered again at once for backward). Gradients are averaged over the
-// data-parallel ranks (PyTorch's FSDP2 scaling).
+// fully_shard(module) makes `module` own one parameter group: every parameter in its subtree that
+// no nested fully_shard'ed module already owns. Apply it bottom-up (blocks, then the root). Each
+// parameter is sharded on dim 0 (or the dim shard_placement_fn picks) over the mesh's shard dim,
+// torch.chunk rule. The registered parameter becomes the rank's shard: a leaf the optimizer sees,
+// with a DTensorSpec (tensor/module_params.h) so it reads back as a DTensor (2-D with tensor
+// parallel: (StridedShard(0), Shard(0)) when both shard dim 0, (Shard(0), Shard(d)) /
+// (Shard(0), Replicate()) otherwise). Before the module's forward its parameters are all-gathered;
+// after it they are freed again (reshard_after_forward), and gathered again for its backward,
+// which reduce-scatters their gradients into the shards' .grad, averaged over the data-parallel
+// ranks (PyTorch's FSDP2 scaling). The first fully_shard'ed module to run forward is the root: it
+// keeps its parameters between forward and backward. How it works: docs/fsdp.md.
+//
+// Related headers: fsdp/all_gather_extension.h (fsdp_pre/post_all_gather), fsdp/testing.h (memory
+// counters), nn/to_empty.h (meta-device models).
 #pragma once
 
 #include <cstdint>
@@ -36,6 +37,21 @@
 #include "tdc/tensor/placement.h"
 
 namespace tdc::fsdp {
+
+struct FullyShardOptions;
+class FSDPModule;
+
+// Shards `module` in place and returns its FSDPModule handle. Throws std::invalid_argument naming
+// the module when it is already fully_shard'ed, the mesh has 3+ dims, or a parameter is not
+// floating point / not on the mesh's device (unless CPU offload); nothing is changed then.
+FSDPModule fully_shard(nn::Module& module, const FullyShardOptions& options);
+inline FSDPModule fully_shard(nn::Module& module);  // default options
+
+// The FSDPModule of a fully_shard'ed module; throws naming the module type otherwise.
+FSDPModule as_fsdp(nn::Module& module);
+bool is_fully_sharded(const nn::Module& module);
+
+// ------------------------------------------------------------------ options
 
 struct MixedPrecisionPolicy {
   std::optional<at::ScalarType> param_dtype;   // unsharded parameters (forward/backward compute)
@@ -72,44 +88,7 @@ struct FullyShardOptions {
   std::vector<std::string> ignored_params;  // FQNs (relative to the module) left alone
 };
 
-// ------------------------------------------------------------------ all-gather extensions
-// PyTorch's fsdp_pre_all_gather / fsdp_post_all_gather protocol (test_fully_shard_extensions.py),
-// registered per
-// parameter (C++ has no tensor subclasses or instance attributes on tensors). For a parameter with
-// an extension, FSDP all-gathers what pre_all_gather returns instead of the shard, and builds the
-// unsharded parameter with post_all_gather:
-//  * pre_all_gather(local shard, shard mesh (1-D: the shard dim even under HSDP), outer size and
-//    stride (the unsharded parameter's), the module that registers the parameter, mp policy)
-//    -> tensors to gather (each gathered along dim 0; every rank must give the same shapes, so a
-//    hook pads uneven shards itself) + metadata. pre_all_gather_v1(local, mesh) is the older
-//    signature, used when pre_all_gather is empty.
-//  * post_all_gather(gathered outputs, metadata, param dtype, out): the first time out is nullptr
-//    and it returns {unsharded, to_free}; later out points at that unsharded tensor, to be
-//    refilled in place (the outputs are then the same tensors as the first time: FSDP gathers
-//    into the same buffers). An unsharded result with more dim-0 rows than the parameter (padded
-//    shards) is narrowed to the parameter's rows.
-// Gradients take FSDP's usual reduce-scatter path.
-struct PreAllGatherResult {
-  std::vector<at::Tensor> tensors;
-  std::shared_ptr<void> metadata;
-};
-struct PostAllGatherResult {
-  at::Tensor unsharded;
-  std::vector<at::Tensor> to_free;  // freed by FSDP at reshard (their storage)
-};
-struct AllGatherExtension {
-  std::function<PreAllGatherResult(const at::Tensor& local, const DeviceMesh& mesh,
-                                   const std::vector<int64_t>& outer_size,
-                                   const std::vector<int64_t>& outer_stride, nn::Module& module,
-                                   const MixedPrecisionPolicy& mp)>
-      pre_all_gather;
-  std::function<PreAllGatherResult(const at::Tensor& local, const DeviceMesh& mesh)> pre_all_gather_v1;
-  std::function<PostAllGatherResult(const std::vector<at::Tensor>& outputs, const std::shared_ptr<void>& metadata,
-                                    at::ScalarType param_dtype, at::Tensor* out)>
-      post_all_gather;
-};
-
-class FSDPState;
+// ------------------------------------------------------------------ FSDPModule
 
 // An async unshard (FSDPModule.unshard(async_op=True)); wait() finishes it. Dropping it waits.
 class UnshardHandle {
@@ -131,12 +110,16 @@ class UnshardHandle {
   std::function<void()> wait_;
 };
 
+class FSDPState;  // the runtime behind a handle (not part of the API)
+
 // The FSDPModule methods of a fully_shard'ed module.
 class FSDPModule {
  public:
-  explicit FSDPModule(std::shared_ptr<FSDPState> state) : state_(std::move(state)) {}
   nn::Module& module() const;
   // All-gathers the group now (async: the returned handle finishes it); the next forward uses it.
+  // unshard and reshard are for use outside this module's forward and outside backward (FSDP's
+  // hooks own the parameters there): a call from inside throws std::logic_error naming the module
+  // and its state. reshard while an async unshard is pending throws too (wait on the handle).
   UnshardHandle unshard(bool async_op = false);
   // Frees the unsharded parameters (the shards stay).
   void reshard();
@@ -146,7 +129,7 @@ class FSDPModule {
   void set_reshard_after_backward(bool reshard_after_backward, bool recurse = true);
   void set_reshard_after_forward(bool reshard_after_forward, bool recurse = true);
   // Explicit prefetching: after this module's forward starts / backward starts, these modules'
-  // all-gathers are issued.
+  // all-gathers are issued. (tdc has no implicit prefetching.)
   void set_modules_to_forward_prefetch(const std::vector<nn::Module*>& modules);
   void set_modules_to_backward_prefetch(const std::vector<nn::Module*>& modules);
   // Whether this backward is the last before the optimizer step. PyTorch uses it to skip waiting
@@ -154,41 +137,14 @@ class FSDPModule {
   // so it is recorded (is_last_backward()) and changes nothing.
   void set_is_last_backward(bool is_last_backward);
   bool is_last_backward() const;
-  FSDPState& state() const { return *state_; }
 
  private:
+  friend FSDPModule fully_shard(nn::Module&, const FullyShardOptions&);
+  friend FSDPModule as_fsdp(nn::Module&);
+  explicit FSDPModule(std::shared_ptr<FSDPState> state) : state_(std::move(state)) {}
   std::shared_ptr<FSDPState> state_;
 };
 
-// Shards `module` in place and returns its FSDPModule handle. Throws std::invalid_argument naming
-// the module when it is already fully_shard'ed, the mesh has 3+ dims, or a parameter is not
-// floating point / not on the mesh's device (unless CPU offload); nothing is changed then.
-FSDPModule fully_shard(nn::Module& module, const FullyShardOptions& options = {});
-
-// The FSDPModule of a fully_shard'ed module; throws naming the module type otherwise.
-FSDPModule as_fsdp(nn::Module& module);
-bool is_fully_sharded(const nn::Module& module);
-
-// Registers `extension` for the parameter at `fqn` under `module` (module is, or contains, the
-// fully_shard'ed module that owns the parameter). Call after fully_shard (and after to_empty),
-// before the forward. Throws naming the FQN when no fully_shard'ed module owns it or a hook is
-// missing.
-void set_all_gather_extension(nn::Module& module, const std::string& fqn, AllGatherExtension extension);
-
-// Materialises a model built on the meta device (module.to(at::kMeta), then fully_shard) on
-// `device`: every shard and other parameter gets uninitialised storage there (spec:
-// `module.to_empty(device=...)`), ties kept; initialise the parameters afterwards. Buffers move
-// too, except meta buffers (an error naming the buffer: LibTorch cannot re-point them). Works
-// on models with and without fully_shard'ed modules.
-void to_empty(nn::Module& module, c10::Device device);
-
-// Counters for tests (per calling thread): live unsharded parameter bytes now, and the peak
-// since reset. Unsharded storage is counted from all-gather until reshard.
-struct MemoryStats {
-  int64_t unsharded_bytes = 0;
-  int64_t peak_unsharded_bytes = 0;
-};
-MemoryStats memory_stats();
-void reset_peak_memory_stats();
+inline FSDPModule fully_shard(nn::Module& module) { return fully_shard(module, FullyShardOptions{}); }
 
 }  // namespace tdc::fsdp

@@ -21,7 +21,7 @@ namespace tdc::tensor {
 
 struct DTensorSpec {
   // Null in a default-constructed spec (an undefined DTensor); every real spec has a mesh.
-  DeviceMesh mesh{std::shared_ptr<const DeviceMesh::State>()};
+  DeviceMesh mesh;
   Placements placements;          // one per mesh dim
   std::vector<int64_t> shape;     // global
   std::vector<int64_t> stride;    // global, contiguous unless stated

@@ -7,7 +7,7 @@
 #include <variant>
 #include <vector>
 
-#include "tdc/comm/collectives.h"
+#include "tdc/comm/reduce_op.h"
 
 namespace tdc::tensor {
 

@@ -1,4 +1,4 @@
-#include "xml_check.h"
+#include "tdc/harness/xml_check.h"
 
 #include <algorithm>
 #include <cctype>
@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-namespace tdc::cli {
+namespace tdc::harness {
 
 int XmlSummary::count(const std::string& name) const {
   return static_cast<int>(std::count(names.begin(), names.end(), name));
@@ -205,4 +205,4 @@ std::optional<std::string> xml_wellformed_error(const std::string& text, XmlSumm
   return std::nullopt;
 }
 
-}  // namespace tdc::cli
+}  // namespace tdc::harness

@@ -1,5 +1,5 @@
 // The models the DDP and FSDP benchmarks time (the same ones, so their numbers compare; the
-// PyTorch runner tools/bench/fsdp_pytorch.py builds them too): fixtures::MLPStack(256) with MSE on
+// PyTorch runner bench/pytorch/fsdp_pytorch.py builds them too): fixtures::MLPStack(256) with MSE on
 // [B, 256] and fixtures::Transformer (dim 128, 2 blocks, 4 heads, vocab 512, sequence 64, no
 // dropout, weight tying) with token cross-entropy on [B, 64]. Inputs and targets come from the
 // caller's generator.

@@ -1,8 +1,8 @@
 // `tdc bench harness` / `tdc bench ddp` / `tdc bench fsdp`: runs a benchmark binary
 // (tdc_bench_harness, tdc_bench_ddp, tdc_bench_fsdp: separate binaries so that their forks start
 // from a clean process) and prints its numbers (the harness's against their targets). fsdp also
-// runs the PyTorch side (tools/bench/fsdp_pytorch.py, the venv's python), merges both into one
-// JSON and plots it (tools/bench/fsdp_plot.py -> the JSON's name with .png).
+// runs the PyTorch side (bench/pytorch/fsdp_pytorch.py, the venv's python), merges both into one
+// JSON and plots it (bench/pytorch/fsdp_plot.py -> the JSON's name with .png).
 #include <unistd.h>
 
 #include <algorithm>
@@ -331,9 +331,9 @@ int bench_fsdp(const ParsedArgs& a, const fs::path& build, const fs::path& out, 
         "2.13 and matplotlib) or pass --python PY",
         python.empty() ? "" : fmt::format(" ('{}' is not an executable)", python.string())));
   if (source.empty())
-    throw UsageError("bench fsdp: cannot find the source directory (tools/bench/): set TDC_ROOT");
-  const fs::path runner = source / "tools" / "bench" / "fsdp_pytorch.py";
-  const fs::path plotter = source / "tools" / "bench" / "fsdp_plot.py";
+    throw UsageError("bench fsdp: cannot find the source directory (bench/pytorch/): set TDC_ROOT");
+  const fs::path runner = source / "bench" / "pytorch" / "fsdp_pytorch.py";
+  const fs::path plotter = source / "bench" / "pytorch" / "fsdp_plot.py";
   for (const fs::path& f : {runner, plotter})
     if (!fs::is_regular_file(f))
       throw UsageError(fmt::format("bench fsdp: '{}' does not exist (TDC_ROOT / --build-dir point at "

@@ -3,7 +3,7 @@
 for single-process, tdc DDP, tdc FSDP2 (and with its comm checks off) and PyTorch FSDP2, with the ratio
 written above each group.
 
-    .venv/bin/python tools/bench/fsdp_plot.py --json FILE --png FILE
+    .venv/bin/python bench/pytorch/fsdp_plot.py --json FILE --png FILE
 """
 import argparse
 import json

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace tdc::cli {
+namespace tdc::harness {
 
 struct XmlSummary {
   std::string root;  // name of the root element
@@ -19,4 +19,4 @@ struct XmlSummary {
 std::optional<std::string> xml_wellformed_error(const std::string& text,
                                                 XmlSummary* summary = nullptr);
 
-}  // namespace tdc::cli
+}  // namespace tdc::harness

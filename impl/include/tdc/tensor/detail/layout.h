@@ -1,8 +1,10 @@
-// Internal to impl/tensor: where each rank's shard lies, and the redistribute engine. Not a
-// public header: DTensor's users see placement.h and dtensor.h only.
+// DTensor's layout machinery for the rest of libtdc (tensor parallel, FSDP): where each rank's
+// shard lies, and the redistribute engine. Not for users: DTensor's API is placement.h and
+// dtensor.h.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -10,6 +12,11 @@
 #include "tdc/tensor/dtensor.h"
 
 namespace tdc::tensor::detail {
+
+// Strides of a contiguous tensor of `shape` (PyTorch's: a size-0 dim counts as 1).
+std::vector<int64_t> contiguous_stride(const std::vector<int64_t>& shape);
+// "[2, 3]"
+std::string shape_str(const std::vector<int64_t>& shape);
 
 // Checks `placements` against the mesh (one per mesh dim) and a tensor of rank `ndim`;
 // returns them with negative Shard dims normalised. `who` prefixes the error messages.

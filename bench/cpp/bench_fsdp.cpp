@@ -4,7 +4,7 @@
 //
 //   tdc_bench_fsdp --out FILE [--repeat N]        (or: ./tdc bench fsdp --out FILE)
 //
-// `tdc bench fsdp` runs this, then tools/bench/fsdp_pytorch.py (PyTorch's own fully_shard on the
+// `tdc bench fsdp` runs this, then bench/pytorch/fsdp_pytorch.py (PyTorch's own fully_shard on the
 // same models, batches and step) and merges both into one JSON + a PNG plot.
 //
 // A step is forward + loss (MSE on MLPStack / token cross-entropy on Transformer) + backward +
@@ -35,6 +35,7 @@
 
 #include "bench_common.h"
 #include "bench_models.h"
+#include "tdc/comm/argument_checks.h"
 #include "tdc/comm/collectives.h"
 #include "tdc/conformance/support.h"
 #include "tdc/ddp/ddp.h"
@@ -53,7 +54,7 @@ constexpr int kWarmup = 3;
 constexpr double kLr = 1e-3;
 const int kWorldSizes[] = {2, 4};
 
-// The benchmark models (the PyTorch runner builds the same ones, see tools/bench/fsdp_pytorch.py):
+// The benchmark models (the PyTorch runner builds the same ones, see bench/pytorch/fsdp_pytorch.py):
 // fixtures::MLPStack(256) (MSE on [B, 256]) and fixtures::Transformer (dim 128, 2 blocks, 4 heads,
 // vocab 512, sequence 64, no dropout, weight tying; token cross-entropy on [B, 64]).
 struct ModelCase {

@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "cli.h"
-#include "xml_check.h"
+#include "tdc/harness/xml_check.h"
 
 namespace tdc::cli {
 
@@ -147,8 +147,8 @@ std::optional<std::string> check_outputs(const fs::path& json_path, const fs::pa
   std::ifstream in(xml_path, std::ios::binary);
   if (!in) return fmt::format("cannot read '{}'", xml_path.string());
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  XmlSummary s;
-  if (auto err = xml_wellformed_error(text, &s)) return fmt::format("'{}': {}", xml_path.string(), *err);
+  harness::XmlSummary s;
+  if (auto err = harness::xml_wellformed_error(text, &s)) return fmt::format("'{}': {}", xml_path.string(), *err);
   if (s.root != "testsuites")
     return fmt::format("'{}': root element is <{}>, expected <testsuites>", xml_path.string(), s.root);
   if (s.count("testcase") != static_cast<int>(back.tests.size()))

@@ -3,9 +3,9 @@
 
 Run by the tdc CLI with the project's venv (.venv/bin/python, torch 2.13 CPU):
 
-    .venv/bin/python tools/bench/fsdp_pytorch.py --out FILE [--repeat N] [--warmup W]
+    .venv/bin/python bench/pytorch/fsdp_pytorch.py --out FILE [--repeat N] [--warmup W]
 
-The models, batches and step are those of conformance/bench/bench_fsdp.cpp:
+The models, batches and step are those of bench/cpp/bench_fsdp.cpp:
   * MLPStack(256) (common_fsdp.py's, i.e. MLP(256, x3), MLP(256), MLP(256, x3)), global batch 64,
     MSE loss on [B, 256];
   * Transformer(ModelArgs(n_layers=2, vocab_size=512, max_seq_len=64, dim=128, n_heads=4,

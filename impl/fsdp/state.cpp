@@ -1,0 +1,243 @@
+// FSDPState (state.h): hooks, lazy init of the root, prefetch, TrainingState; the registry.
+#include "state.h"
+
+#include <mutex>
+#include <unordered_map>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
+
+namespace tdc::fsdp {
+
+// ------------------------------------------------------------------ registry
+
+namespace {
+std::mutex g_registry_mu;
+std::unordered_map<const nn::Module*, std::weak_ptr<FSDPState>>& registry() {
+  static std::unordered_map<const nn::Module*, std::weak_ptr<FSDPState>> r;
+  return r;
+}
+}  // namespace
+
+std::shared_ptr<FSDPState> state_of(const nn::Module& module) {
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  auto it = registry().find(&module);
+  if (it == registry().end()) return nullptr;
+  return it->second.lock();
+}
+
+void register_state(nn::Module& module, std::shared_ptr<FSDPState> state) {
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  registry()[&module] = std::move(state);
+}
+
+std::vector<std::shared_ptr<FSDPState>> states_in(const nn::Module& module) {
+  std::vector<std::shared_ptr<FSDPState>> out;
+  for (auto& [name, m] : module.named_modules_tdc()) {
+    if (auto s = state_of(*m)) out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// ------------------------------------------------------------------ the group's autograd node
+
+namespace {
+
+struct StateRef : torch::CustomClassHolder {
+  explicit StateRef(std::shared_ptr<FSDPState> s) : state(std::move(s)) {}
+  std::shared_ptr<FSDPState> state;
+};
+
+// [Note: FSDP and autograd] One node per group and forward call. Its inputs are the shards: they
+// are passed only so that the node becomes their grad_fn's consumer, and its backward's outputs
+// (the reduce-scattered gradients, one per shard) accumulate into the shards' .grad. forward
+// ignores them and hands out the unsharded tensors, detached: the module computes with those (as
+// parameter substitutes), so their gradients arrive here. The first backward output belongs to
+// the StateRef argument, which is not a tensor: always undefined.
+struct UnshardFunction : torch::autograd::Function<UnshardFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, c10::intrusive_ptr<StateRef> ref,
+                                                at::TensorList shards) {
+    ctx->saved_data["state"] = c10::IValue::make_capsule(ref);
+    torch::autograd::variable_list out;
+    for (auto& p : ref->state->group().params()) out.push_back(p.unsharded().detach());
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto capsule = ctx->saved_data["state"].toCapsule();
+    auto* ref = static_cast<StateRef*>(capsule.get());
+    std::vector<at::Tensor> shard_grads = ref->state->post_backward(grads);
+    torch::autograd::variable_list out{at::Tensor()};
+    out.insert(out.end(), shard_grads.begin(), shard_grads.end());
+    return out;
+  }
+};
+
+nn::Tensors cast_floating(nn::Tensors xs, at::ScalarType dtype) {
+  for (auto& x : xs) {
+    if (x.defined() && at::isFloatingType(x.scalar_type()) && x.scalar_type() != dtype) x = x.to(dtype);
+  }
+  return xs;
+}
+
+std::string label_of(const std::string& fqn, const nn::Module& m) {
+  return fqn.empty() ? fmt::format("<root> ({})", m.type_name()) : fmt::format("{} ({})", fqn, m.type_name());
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ FSDPState
+
+FSDPState::FSDPState(nn::Module& module, ParamGroup group)
+    : module_(&module), group_(std::move(group)), label_(fmt::format("({})", module.type_name())) {
+  group_.set_label(label_);
+}
+
+void FSDPState::register_hooks() {
+  auto self = shared_from_this();
+  std::weak_ptr<FSDPState> weak = self;
+  module_->register_forward_pre_hook([self](nn::Module&, const nn::Tensors& in) -> std::optional<nn::Tensors> {
+    return self->pre_forward(in);
+  });
+  module_->register_forward_hook(
+      [weak](nn::Module&, const nn::Tensors&, const nn::Tensors& out) -> std::optional<nn::Tensors> {
+        if (auto s = weak.lock()) return s->post_forward(out);
+        return std::nullopt;
+      });
+}
+
+// The first fully_shard'ed module to run forward is the root of every state below it. The root
+// keeps its parameters after forward: they would be gathered again at once for backward.
+void FSDPState::lazy_init() {
+  if (is_root_) return;
+  is_root_ = true;
+  group_.reshard_after_forward = false;
+  for (auto& [fqn, m] : module_->named_modules_tdc()) {
+    auto s = state_of(*m);
+    if (!s) continue;
+    tree_.push_back(s);
+    s->root_ = weak_from_this();
+    s->label_ = label_of(fqn, *m);
+    s->group_.set_label(s->label_);
+    if (s.get() != this) s->is_root_ = false;
+  }
+}
+
+void FSDPState::prefetch_unshard(const std::vector<nn::Module*>& modules) {
+  for (nn::Module* m : modules) {
+    if (auto s = state_of(*m)) s->group_.unshard(/*async_op=*/true);
+  }
+}
+
+void FSDPState::apply_unshard_function() {
+  torch::autograd::variable_list shards;
+  for (auto& p : group_.params()) shards.push_back(p.sharded());
+  torch::autograd::variable_list unsharded =
+      UnshardFunction::apply(c10::make_intrusive<StateRef>(shared_from_this()), at::TensorList(shards));
+  if (!unsharded.empty() && unsharded[0].requires_grad()) group_.add_pending_node();
+  for (size_t i = 0; i < group_.params().size(); ++i) group_.params()[i].set_substitutes(unsharded[i]);
+}
+
+// [Note: activation checkpointing re-enters forward] tdc::nn::checkpoint runs the module, hooks
+// included, under no-grad in forward and again with grad during backward. The first run goes
+// Idle -> Forward -> Idle and registers no backward hooks (no grad). The recompute runs inside
+// the root's backward: pre_forward gathers again, post_forward reshards (unless the root) and
+// hooks the recomputed outputs, whose gradients then take the module through PreBackward ->
+// PostBackward like any other call. So forward is legal from PreBackward and PostBackward too (a
+// module checkpointed twice is recomputed after its first backward). PyTorch's module-hook
+// checkpoint recomputes after FSDP's pre-backward unshard and skips the forward hooks in
+// PRE_BACKWARD; tdc's reentrant checkpoint needs them for the new autograd node, at the price of
+// one more all-gather per checkpointed module. Forward is also accepted from Forward: a forward
+// that threw never reached post_forward.
+nn::Tensors FSDPState::pre_forward(nn::Tensors inputs) {
+  lazy_init();
+  training_state_ = TrainingState::Forward;
+  const MixedPrecisionPolicy& mp = group_.mp_policy();
+  if (mp.param_dtype && mp.cast_forward_inputs) inputs = cast_floating(std::move(inputs), *mp.param_dtype);
+  group_.unshard();
+  prefetch_unshard(forward_prefetch_);
+  if (!group_.empty()) apply_unshard_function();
+  return inputs;
+}
+
+nn::Tensors FSDPState::post_forward(nn::Tensors outputs) {
+  check_state(label_, "post-forward", training_state_, {TrainingState::Forward});
+  if (group_.reshard_after_forward && !is_root()) group_.finish_and_reshard();
+  if (is_root() && group_.mp_policy().output_dtype) {
+    outputs = cast_floating(std::move(outputs), *group_.mp_policy().output_dtype);
+  }
+  if (at::GradMode::is_enabled()) {
+    std::weak_ptr<FSDPState> weak = weak_from_this();
+    for (auto& y : outputs) {
+      if (!y.defined() || !y.requires_grad()) continue;
+      y.register_hook([weak](const at::Tensor& g) {
+        if (auto s = weak.lock()) s->pre_backward();
+        return g;
+      });
+    }
+  }
+  training_state_ = TrainingState::Idle;
+  return outputs;
+}
+
+// Runs once per output gradient (one hook per output), so PreBackward -> PreBackward is normal.
+void FSDPState::pre_backward() {
+  check_state(label_, "pre-backward", training_state_,
+              {TrainingState::Idle, TrainingState::PreBackward, TrainingState::PostBackward});
+  if (is_root() && !root_backward_queued_) {
+    root_backward_queued_ = true;
+    std::weak_ptr<FSDPState> weak = weak_from_this();
+    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+      if (auto s = weak.lock()) s->root_post_backward();
+    });
+  }
+  training_state_ = TrainingState::PreBackward;
+  if (group_.empty()) return;
+  group_.check_unmodified("backward");
+  group_.unshard();
+  prefetch_unshard(backward_prefetch_);
+}
+
+std::vector<at::Tensor> FSDPState::post_backward(const std::vector<at::Tensor>& grads) {
+  check_state(label_, "post-backward", training_state_,
+              {TrainingState::Idle, TrainingState::PreBackward, TrainingState::PostBackward});
+  check_state(label_, "post-backward (its backward computed with the unsharded parameters)",
+              group_.sharded_state(), {ShardedState::Unsharded});
+  training_state_ = TrainingState::PostBackward;
+  std::vector<at::Tensor> out = group_.reduce_grads(grads);
+  if (group_.finish_pending_node() && group_.reshard_after_backward) group_.finish_and_reshard();
+  return out;
+}
+
+void FSDPState::root_post_backward() {
+  root_backward_queued_ = false;
+  for (auto& w : tree_) {
+    auto s = w.lock();
+    if (!s) continue;
+    s->training_state_ = TrainingState::Idle;
+    s->group_.clear_pending_nodes();  // nodes of unused outputs never run
+    if (s->group_.reshard_after_backward) s->group_.finish_and_reshard();
+  }
+}
+
+bool FSDPState::backward_in_flight() const {
+  auto root = root_.lock();
+  return root && root->root_backward_queued_;
+}
+
+void FSDPState::check_user_control(const char* action) const {
+  if (training_state_ == TrainingState::Forward) {
+    throw_lifecycle_error(label_, action, "Forward (inside its own forward)", "Idle");
+  }
+  if (backward_in_flight()) {
+    throw_lifecycle_error(label_, action,
+                          fmt::format("{} during a backward of root {}", to_string(training_state_),
+                                      root_.lock()->label_),
+                          "Idle outside forward and backward (FSDP's hooks own the parameters there; "
+                          "prefetch with set_modules_to_backward_prefetch)");
+  }
+}
+
+}  // namespace tdc::fsdp

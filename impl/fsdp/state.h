@@ -1,0 +1,72 @@
+// The FSDP state of one fully_shard'ed module (torch/distributed/fsdp/_fully_shard/_fsdp_state.py):
+// its module hooks, lazy init of the root, prefetching and its TrainingState ([Note: FSDP
+// lifecycles] in common.h); and the registry from modules to states.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "common.h"
+#include "param_group.h"
+#include "tdc/nn/module.h"
+
+namespace tdc::fsdp {
+
+class FSDPState : public std::enable_shared_from_this<FSDPState> {
+ public:
+  FSDPState(nn::Module& module, ParamGroup group);
+
+  nn::Module& module() const { return *module_; }
+  ParamGroup& group() { return group_; }
+  TrainingState training_state() const { return training_state_; }
+  // "'blocks.0' (TransformerBlock)": the FQN under the root once lazily initialised.
+  const std::string& label() const { return label_; }
+  bool is_root() const { return is_root_.value_or(false); }
+
+  // Installs the forward pre-hook and forward hook on the module.
+  void register_hooks();
+
+  // ---------------------------------------------------------------- FSDPModule's controls
+  // unshard()/reshard() from the public API: legal outside this module's forward and outside any
+  // backward of its root (FSDP's hooks own the parameters there). Throws naming both states.
+  void check_user_control(const char* action) const;
+  void set_forward_prefetch(std::vector<nn::Module*> modules) { forward_prefetch_ = std::move(modules); }
+  void set_backward_prefetch(std::vector<nn::Module*> modules) { backward_prefetch_ = std::move(modules); }
+  bool is_last_backward = true;
+
+  // ---------------------------------------------------------------- hooks (state.cpp)
+  nn::Tensors pre_forward(nn::Tensors inputs);
+  nn::Tensors post_forward(nn::Tensors outputs);
+  void pre_backward();
+  std::vector<at::Tensor> post_backward(const std::vector<at::Tensor>& grads);
+
+ private:
+  void lazy_init();
+  void root_post_backward();
+  // Issues async unshards of `modules` (explicit prefetch; tdc has no implicit prefetch).
+  static void prefetch_unshard(const std::vector<nn::Module*>& modules);
+  bool backward_in_flight() const;
+  void apply_unshard_function();
+
+  nn::Module* module_;
+  ParamGroup group_;
+  std::string label_;
+  TrainingState training_state_ = TrainingState::Idle;
+  std::optional<bool> is_root_;                // unset until lazy init
+  std::weak_ptr<FSDPState> root_;              // set at lazy init
+  std::vector<std::weak_ptr<FSDPState>> tree_;  // root only: every state under it (itself included)
+  std::vector<nn::Module*> forward_prefetch_, backward_prefetch_;
+  bool root_backward_queued_ = false;          // root only: its end-of-backward callback is queued
+};
+
+// ---------------------------------------------------------------- registry
+std::shared_ptr<FSDPState> state_of(const nn::Module& module);
+void register_state(nn::Module& module, std::shared_ptr<FSDPState> state);
+// Every FSDP state in `module`'s subtree, itself included, in named_modules order.
+std::vector<std::shared_ptr<FSDPState>> states_in(const nn::Module& module);
+
+}  // namespace tdc::fsdp

@@ -1,0 +1,18 @@
+// Test counters of tdc's FSDP2 (what PyTorch's tests read from torch.cuda.memory_allocated): not
+// part of the fully_shard API.
+#pragma once
+
+#include <cstdint>
+
+namespace tdc::fsdp {
+
+// Per calling thread (rank): live unsharded parameter bytes now, and the peak since reset.
+// Unsharded storage is counted from all-gather until reshard.
+struct MemoryStats {
+  int64_t unsharded_bytes = 0;
+  int64_t peak_unsharded_bytes = 0;
+};
+MemoryStats memory_stats();
+void reset_peak_memory_stats();
+
+}  // namespace tdc::fsdp
