@@ -1,5 +1,5 @@
-// Conformance: PyTorch's test/distributed/_composable/test_composability/test_2d_composability.py
-// (PyTorch: test/distributed/_composable/test_composability/test_2d_composability.py). Same class and method names, same assertions.
+// Conformance: PyTorch's test/distributed/_composable/test_composability/test_2d_composability.py.
+// Same class and method names, same assertions.
 // Implemented so far: TestFullyShard2DTraining (C.1.1) except the checkpoint-resume method (it
 // needs tdc::checkpoint), and Test2dFSDP1ParallelIntegration (C.1.3). TestFullyShard2DStateDict
 // (C.1.2) waits for tdc::checkpoint; the FSDP1 classes (C.1.4, C.1.5) for tdc::fsdp1.
@@ -8,6 +8,9 @@
 // test is one fork-launched world (ranks are processes, as there), world size 4 as the class says.
 // PyTorch skips them below 4 GPUs (skip_if_lt_x_gpu(4)); tdc runs them on whatever backend and
 // device the run names (gloo/cpu by default), which Part E.3 judges meaningful for this class.
+#include <functional>
+#include <vector>
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/optim/adam.h>
@@ -29,6 +32,7 @@
 namespace {
 
 using namespace tdc;
+using harness::Axis;
 using harness::ctx;
 // assertEqual on float32 tensors: torch.testing's defaults (rtol 1.3e-6, atol 1e-5).
 ::testing::AssertionResult assert_equal(const at::Tensor& actual, const at::Tensor& expected) {
@@ -44,137 +48,136 @@ DeviceMesh init_global_mesh() {
   conformance::world();
   const int64_t ws = ctx().world_size;
   const int64_t dp = ws > 2 ? 2 : 1;
-  return init_device_mesh(fixtures::device_type().is_cuda() ? "cuda" : "cpu", {dp, ws / dp}, {"dp", "tp"});
+  return init_device_mesh(fixtures::device_type(), {dp, ws / dp}, {"dp", "tp"});
 }
 
-// test_train_parity_2d_mlp: MLPStack(mlp_dim) under TP x FSDP2 (parallelize) against a copy
-// replicated over the dp dim; 10 Adam steps; the losses must be equal at every step.
+// One (model, optimizer) pair of the originals' `for _model, _optim in ((ref_model, ref_optim),
+// (model, optim))` loops.
+using ModelAndOptim = std::pair<nn::Module&, torch::optim::Optimizer&>;
+
+// MLPStack(mlp_dim) under TP x FSDP2 (parallelize) against a copy replicated over the dp dim;
+// 10 Adam steps; the losses must be equal at every step.
+void _test_train_parity_2d_mlp(const DeviceMesh& global_mesh, bool reshard_after_forward,
+                               bool use_activation_checkpointing, int64_t mlp_dim) {
+  DeviceMesh dp_mesh = global_mesh["dp"], tp_mesh = global_mesh["tp"];
+  comm::GroupPtr dp_pg = dp_mesh.get_group();  // used for replicate()
+
+  at::manual_seed(42);
+  auto model = std::make_shared<fixtures::MLPStack>(mlp_dim);
+  conformance::sync_from_rank0(*model);  // thread ranks share one generator: make the copies equal
+  nn::ModulePtr ref_model = model->deep_copy();
+  ref_model->to(fixtures::device());
+  ddp::replicate(*ref_model, dp_pg);
+  torch::optim::Adam ref_optim(ref_model->params(), torch::optim::AdamOptions(1e-2));
+  model->parallelize(tp_mesh, dp_mesh, use_activation_checkpointing,
+                     {.reshard_after_forward = reshard_after_forward});
+  torch::optim::Adam optim(model->params(), torch::optim::AdamOptions(1e-2));
+
+  // torch.manual_seed(42 + dp_pg.rank() + 1), on a generator of this rank's own: the same numbers
+  // under every launcher (thread ranks share the global generator).
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(42 + dp_pg->rank() + 1);
+  for (int iter_idx = 0; iter_idx < 10; ++iter_idx) {
+    at::Tensor inp = at::randn({8, mlp_dim}, gen).to(fixtures::device());
+    std::vector<at::Tensor> losses;
+    for (auto& [model_, optim_] : {ModelAndOptim{*ref_model, ref_optim}, ModelAndOptim{*model, optim}}) {
+      optim_.zero_grad(/*set_to_none=*/iter_idx % 2 == 0);
+      losses.push_back(model_(inp).sum());
+      losses.back().backward();
+      optim_.step();
+    }
+    ASSERT_TRUE(assert_equal(losses[0], losses[1])) << "loss at iteration " + std::to_string(iter_idx);
+  }
+}
+
 TDC_DIST_TEST(TestFullyShard2DTraining, test_train_parity_2d_mlp, .world_size = kWorld2D, .timeout_s = 180) {
   TDC_REQUIRE_CAPABILITY("tp");
   TDC_REQUIRE_CAPABILITY("fsdp2");
   DeviceMesh global_mesh = init_global_mesh();
-  harness::subtests(
-      {{"reshard_after_forward", {false, true}}, {"use_activation_checkpointing", {false, true}},
-       {"mlp_dim", {int64_t(3), int64_t(16), int64_t(17)}}},
-      [&](const harness::Params& prm) {
-        const bool reshard = prm.get<bool>("reshard_after_forward");
-        const bool use_ac = prm.get<bool>("use_activation_checkpointing");
-        const int64_t mlp_dim = prm.get<int64_t>("mlp_dim");
-        DeviceMesh dp_mesh = global_mesh["dp"], tp_mesh = global_mesh["tp"];
-        const int64_t dp_pg_rank = dp_mesh.get_local_rank();
-        at::manual_seed(42);
-        auto model = std::make_shared<fixtures::MLPStack>(mlp_dim);
-        conformance::sync_from_rank0(*model);
-        nn::ModulePtr ref_model = model->deep_copy();
-        ref_model->to(fixtures::device_type());
-        ddp::replicate(*ref_model, dp_mesh.get_group());
-        torch::optim::Adam ref_optim(ref_model->params(), torch::optim::AdamOptions(1e-2));
-        fsdp::FullyShardOptions opts;
-        opts.reshard_after_forward = reshard;
-        model->parallelize(tp_mesh, dp_mesh, use_ac, opts);
-        torch::optim::Adam optim(model->params(), torch::optim::AdamOptions(1e-2));
-
-        auto gen = at::make_generator<at::CPUGeneratorImpl>(42 + dp_pg_rank + 1);
-        for (int iter_idx = 0; iter_idx < 10; ++iter_idx) {
-          at::Tensor inp = at::randn({8, mlp_dim}, gen).to(fixtures::device_type());
-          // For the reference, then the 2-D model: zero_grad (to None on even iterations), forward,
-          // sum, backward, step.
-          at::Tensor losses[2];
-          std::pair<nn::Module*, torch::optim::Optimizer*> models[2] = {{ref_model.get(), &ref_optim},
-                                                                        {model.get(), &optim}};
-          for (int i = 0; i < 2; ++i) {
-            models[i].second->zero_grad(/*set_to_none=*/iter_idx % 2 == 0);
-            losses[i] = (*models[i].first)(inp).sum();
-            losses[i].backward();
-            models[i].second->step();
-          }
-          ASSERT_TRUE(assert_equal(losses[0], losses[1])) << "loss at iteration " + std::to_string(iter_idx);
-        }
-      });
+  harness::subtests(Axis<bool>("reshard_after_forward", {false, true}),
+                    Axis<bool>("use_activation_checkpointing", {false, true}),
+                    Axis<int64_t>("mlp_dim", {3, 16, 17}),
+                    std::bind_front(_test_train_parity_2d_mlp, global_mesh));
 }
 
 // test_train_parity_2d_transformer: Transformer(n_layers 3) with sequence parallel on the tp dim
 // and FSDP2 on the dp dim (optionally shard_placement_fn), against the single-process model whose
 // gradients are averaged over the dp group; 5 AdamW steps.
+void _test_train_parity_2d_transformer(bool use_shard_placement_fn) {
+  conformance::world();
+  at::manual_seed(42);
+  const fixtures::ModelArgs model_args{.n_layers = 3, .dropout_p = 0.0};
+  auto model = std::make_shared<fixtures::Transformer>(model_args);
+  conformance::sync_from_rank0(*model);
+  nn::ModulePtr ref_model = model->deep_copy();
+  ref_model->to(fixtures::device());
+  torch::optim::AdamW ref_optim(ref_model->params(), torch::optim::AdamWOptions(1e-2));
+  DeviceMesh global_mesh = init_device_mesh(fixtures::device_type(), {ctx().world_size / 2, 2}, {"dp", "tp"});
+  DeviceMesh dp_mesh = global_mesh["dp"], tp_mesh = global_mesh["tp"];
+  fixtures::Transformer::parallelize(*model, tp_mesh, /*use_seq_parallel=*/true);
+
+  // A TP-sharded parameter (Shard(d)) is FSDP-sharded on its other dim: ndim - 1 - d.
+  fsdp::ShardPlacementFn shard_placement_fn = [](const at::Tensor& param, const tensor::DTensorSpec* tp_spec,
+                                                 const std::string&) -> std::optional<tensor::Shard> {
+    if (tp_spec) {
+      for (const auto& p : tp_spec->placements) {
+        if (const auto* s = std::get_if<tensor::Shard>(&p)) {
+          const int64_t dim = static_cast<int64_t>(tp_spec->shape.size()) - 1 - s->dim;
+          EXPECT_GE(dim, 0);
+          return tensor::Shard{dim};
+        }
+      }
+    }
+    return tensor::Shard{0};
+  };
+  const fsdp::FullyShardOptions fully_shard_opts{
+      .mesh = dp_mesh, .shard_placement_fn = use_shard_placement_fn ? shard_placement_fn : nullptr};
+  for (auto& [name, layer] : model->child("layers").named_children_tdc()) fsdp::fully_shard(*layer, fully_shard_opts);
+  fsdp::fully_shard(*model, fully_shard_opts);
+  torch::optim::AdamW optim(model->params(), torch::optim::AdamWOptions(1e-2));
+
+  auto check_params = [&](const std::string& when) {
+    auto got = tensor::named_params_with_specs(*model);
+    auto want = ref_model->named_params();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_TRUE(assert_equal(got[i].full(), want[i].second)) << when + " '" + got[i].fqn + "'";
+  };
+  check_params("before training:");
+
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(42 + dp_mesh.get_local_rank());
+  at::Tensor inp = at::randint(model_args.vocab_size, {2, 16}, gen).to(fixtures::device());
+  for (int iter_idx = 0; iter_idx < 5; ++iter_idx) {
+    at::Tensor ref_loss = (*ref_model)(inp).sum();
+    at::Tensor loss = (*model)(inp).sum();
+    ASSERT_TRUE(assert_equal(ref_loss, loss)) << "loss at iteration " + std::to_string(iter_idx);
+    ref_loss.backward();
+    loss.backward();
+    for (auto& p : ref_model->params()) {
+      if (p.grad().defined()) comm::all_reduce(p.mutable_grad(), comm::ReduceOp::AVG, dp_mesh.get_group());
+    }
+    // The TP dim of the position embedding and of its gradient stays sharded.
+    auto pos = tensor::param_dtensor(*model, "pos_embeddings.weight");
+    ASSERT_TRUE(pos.has_value());
+    EXPECT_TRUE(tensor::is_shard(pos->placements()[1])) << tensor::to_string(pos->placements());
+    ASSERT_TRUE(pos->grad().has_value());
+    EXPECT_TRUE(tensor::is_shard(pos->grad()->placements()[1])) << tensor::to_string(pos->grad()->placements());
+    auto got = tensor::named_params_with_specs(*model);
+    auto want = ref_model->named_params();
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(assert_equal(got[i].full_grad(), want[i].second.grad())) << "gradient of '" + got[i].fqn + "' at iteration " +
+                                                                  std::to_string(iter_idx);
+    }
+    ref_optim.step();
+    optim.step();
+    ref_optim.zero_grad();
+    optim.zero_grad();
+  }
+  check_params("after training:");
+}
+
 TDC_DIST_TEST(TestFullyShard2DTraining, test_train_parity_2d_transformer, .world_size = kWorld2D, .timeout_s = 180) {
   TDC_REQUIRE_CAPABILITY("tp");
   TDC_REQUIRE_CAPABILITY("fsdp2");
-  harness::subtests({{"use_shard_placement_fn", {false, true}}}, [&](const harness::Params& prm) {
-    const bool use_fn = prm.get<bool>("use_shard_placement_fn");
-    conformance::world();
-    at::manual_seed(42);
-    fixtures::ModelArgs args;
-    args.n_layers = 3;
-    args.dropout_p = 0.0;
-    auto model = std::make_shared<fixtures::Transformer>(args);
-    conformance::sync_from_rank0(*model);
-    nn::ModulePtr ref_model = model->deep_copy();
-    ref_model->to(fixtures::device_type());
-    torch::optim::AdamW ref_optim(ref_model->params(), torch::optim::AdamWOptions(1e-2));
-    DeviceMesh global_mesh = init_device_mesh(fixtures::device_type().is_cuda() ? "cuda" : "cpu",
-                                              {ctx().world_size / 2, 2}, {"dp", "tp"});
-    DeviceMesh dp_mesh = global_mesh["dp"], tp_mesh = global_mesh["tp"];
-    fixtures::Transformer::parallelize(*model, tp_mesh, /*use_seq_parallel=*/true);
-
-    // A TP-sharded parameter (Shard(d)) is FSDP-sharded on its other dim: ndim - 1 - d.
-    fsdp::ShardPlacementFn shard_placement_fn = [](const at::Tensor& param, const tensor::DTensorSpec* tp_spec,
-                                                   const std::string&) -> std::optional<tensor::Shard> {
-      if (tp_spec) {
-        for (const auto& p : tp_spec->placements) {
-          if (const auto* s = std::get_if<tensor::Shard>(&p)) {
-            const int64_t dim = static_cast<int64_t>(tp_spec->shape.size()) - 1 - s->dim;
-            EXPECT_GE(dim, 0);
-            return tensor::Shard{dim};
-          }
-        }
-      }
-      return tensor::Shard{0};
-    };
-    fsdp::FullyShardOptions opts;
-    opts.mesh = dp_mesh;
-    if (use_fn) opts.shard_placement_fn = shard_placement_fn;
-    for (auto& [name, layer] : model->child("layers").named_children_tdc()) fsdp::fully_shard(*layer, opts);
-    fsdp::fully_shard(*model, opts);
-    torch::optim::AdamW optim(model->params(), torch::optim::AdamWOptions(1e-2));
-
-    auto check_params = [&](const std::string& when) {
-      auto got = tensor::named_params_with_specs(*model);
-      auto want = ref_model->named_params();
-      ASSERT_EQ(got.size(), want.size());
-      for (size_t i = 0; i < got.size(); ++i) ASSERT_TRUE(assert_equal(got[i].full(), want[i].second)) << when + " '" + got[i].fqn + "'";
-    };
-    check_params("before training:");
-
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(42 + dp_mesh.get_local_rank());
-    at::Tensor inp = at::randint(args.vocab_size, {2, 16}, gen).to(fixtures::device_type());
-    for (int iter_idx = 0; iter_idx < 5; ++iter_idx) {
-      at::Tensor ref_loss = (*ref_model)(inp).sum();
-      at::Tensor loss = (*model)(inp).sum();
-      ASSERT_TRUE(assert_equal(ref_loss, loss)) << "loss at iteration " + std::to_string(iter_idx);
-      ref_loss.backward();
-      loss.backward();
-      for (auto& p : ref_model->params()) {
-        if (p.grad().defined()) comm::all_reduce(p.mutable_grad(), comm::ReduceOp::AVG, dp_mesh.get_group());
-      }
-      // The TP dim of the position embedding and of its gradient stays sharded.
-      auto pos = tensor::param_dtensor(*model, "pos_embeddings.weight");
-      ASSERT_TRUE(pos.has_value());
-      EXPECT_TRUE(tensor::is_shard(pos->placements()[1])) << tensor::to_string(pos->placements());
-      ASSERT_TRUE(pos->grad().has_value());
-      EXPECT_TRUE(tensor::is_shard(pos->grad()->placements()[1])) << tensor::to_string(pos->grad()->placements());
-      auto got = tensor::named_params_with_specs(*model);
-      auto want = ref_model->named_params();
-      for (size_t i = 0; i < got.size(); ++i) {
-        ASSERT_TRUE(assert_equal(got[i].full_grad(), want[i].second.grad())) << "gradient of '" + got[i].fqn + "' at iteration " +
-                                                                    std::to_string(iter_idx);
-      }
-      ref_optim.step();
-      optim.step();
-      ref_optim.zero_grad();
-      optim.zero_grad();
-    }
-    check_params("after training:");
-  });
+  harness::subtests(Axis<bool>("use_shard_placement_fn", {false, true}), _test_train_parity_2d_transformer);
 }
 
 // test_tp_with_fsdp_offloading: a (1, ws) mesh (1-way FSDP with CPU offload, ws-way TP). Exact
@@ -184,20 +187,17 @@ TDC_DIST_TEST(TestFullyShard2DTraining, test_tp_with_fsdp_offloading, .world_siz
   TDC_REQUIRE_CAPABILITY("tp");
   TDC_REQUIRE_CAPABILITY("fsdp2.cpu_offload");
   conformance::world();
-  DeviceMesh global_mesh = init_device_mesh(fixtures::device_type().is_cuda() ? "cuda" : "cpu",
-                                            {1, ctx().world_size}, {"dp", "tp"});
+  DeviceMesh global_mesh = init_device_mesh(fixtures::device_type(), {1, ctx().world_size}, {"dp", "tp"});
   DeviceMesh dp_mesh = global_mesh["dp"], tp_mesh = global_mesh["tp"];
   at::manual_seed(42);
   const int64_t mlp_dim = 16;
   auto model = std::make_shared<fixtures::MLPStack>(mlp_dim);
   conformance::sync_from_rank0(*model);
   nn::ModulePtr ref_model = model->deep_copy();
-  ref_model->to(fixtures::device_type());
+  ref_model->to(fixtures::device());
   torch::optim::Adam ref_optim(ref_model->params(), torch::optim::AdamOptions(1e-2));
-  fsdp::FullyShardOptions opts;
-  opts.reshard_after_forward = true;
-  opts.offload_policy = fsdp::CPUOffloadPolicy();
-  model->parallelize(tp_mesh, dp_mesh, /*use_activation_checkpointing=*/false, opts);
+  model->parallelize(tp_mesh, dp_mesh, /*use_activation_checkpointing=*/false,
+                     {.reshard_after_forward = true, .offload_policy = fsdp::CPUOffloadPolicy()});
   for (auto& p : model->params()) ASSERT_EQ(p.device().type(), c10::kCPU);
   int num_mlps = 0;
   for (auto& [name, m] : model->named_modules_tdc()) num_mlps += m->type_name() == "MLP";
@@ -205,7 +205,7 @@ TDC_DIST_TEST(TestFullyShard2DTraining, test_tp_with_fsdp_offloading, .world_siz
   torch::optim::Adam optim(model->params(), torch::optim::AdamOptions(1e-2));
 
   auto gen = at::make_generator<at::CPUGeneratorImpl>(42);
-  at::Tensor inp = at::randn({4, mlp_dim}, gen).to(fixtures::device_type());
+  at::Tensor inp = at::randn({4, mlp_dim}, gen).to(fixtures::device());
   const std::string all_reduce = "c10d_functional.all_reduce";
   for (int iter_idx = 0; iter_idx < 10; ++iter_idx) {
     ref_optim.zero_grad();
@@ -252,9 +252,9 @@ struct Integration {
 Integration init_model(int64_t model_parallel_size = 2) {
   conformance::world();
   at::manual_seed(0);
-  auto model = std::make_shared<fixtures::MLPModule>(fixtures::device_type());
+  auto model = std::make_shared<fixtures::MLPModule>(fixtures::device());
   at::manual_seed(0);
-  auto twod = std::make_shared<fixtures::MLPModule>(fixtures::device_type());
+  auto twod = std::make_shared<fixtures::MLPModule>(fixtures::device());
   // MLPModule seeds itself, so the two are equal on every rank when ranks are processes; with
   // thread ranks (one shared generator) make it so.
   conformance::sync_from_rank0(*model);
@@ -265,7 +265,7 @@ Integration init_model(int64_t model_parallel_size = 2) {
   }
   Integration r;
   r.model = std::make_shared<ddp::DistributedDataParallel>(model);
-  DeviceMesh mesh = init_device_mesh(fixtures::device_type().is_cuda() ? "cuda" : "cpu",
+  DeviceMesh mesh = init_device_mesh(fixtures::device_type(),
                                      {ctx().world_size / model_parallel_size, model_parallel_size}, {"dp", "tp"});
   r.dp_pg = mesh.get_group(0);
   r.dp_rank = static_cast<int>(mesh.get_local_rank(0));
@@ -301,7 +301,7 @@ TDC_DIST_TEST(Test2dFSDP1ParallelIntegration, test_2d_ddp_integration_functional
   // Same input within a dp group (the TP pair), different across dp groups. (PyTorch seeds the
   // global generator; a generator of its own keeps this independent of the launcher.)
   auto gen = at::make_generator<at::CPUGeneratorImpl>(m.dp_rank + 1);
-  at::Tensor input = at::rand({4, 10}, gen).to(fixtures::device_type());
+  at::Tensor input = at::rand({4, 10}, gen).to(fixtures::device());
   at::Tensor output = (*m.model)(input);
   at::Tensor twod_output = (*m.twod_model)(input);
   ASSERT_TRUE(assert_equal(output, twod_output)) << "output";
@@ -315,7 +315,7 @@ TDC_DIST_TEST(Test2dFSDP1ParallelIntegration, test_2d_ddp_integration_functional
   check_module(*m.model, *m.twod_model, /*check_grad=*/false);
 
   auto gen2 = at::make_generator<at::CPUGeneratorImpl>(m.dp_rank + 1004);
-  input = at::rand({16, 10}, gen2).to(fixtures::device_type());
+  input = at::rand({16, 10}, gen2).to(fixtures::device());
   output = (*m.model)(input);
   twod_output = (*m.twod_model)(input);
   ASSERT_TRUE(assert_equal(output, twod_output)) << "output after one step";
