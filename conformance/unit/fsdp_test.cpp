@@ -442,6 +442,67 @@ TDC_DIST_TEST(FSDPTest, MixedPrecisionOutputDtype, .world_size = 2) {
   for (auto& p : model->params()) EXPECT_EQ(p.grad().scalar_type(), at::kFloat);
 }
 
+// ------------------------------------------------------------------ lifecycles
+// [Note: FSDP lifecycles] (impl/fsdp/common.h): an illegal transition driven from the public API
+// is a std::logic_error naming the module's FQN and both states.
+
+TDC_DIST_TEST(FSDPTest, ReshardWhileAsyncUnshardIsPendingIsNamed, .world_size = 2) {
+  conformance::world();
+  auto model = make_model("mlp");
+  shard_model(*model, "mlp", {});
+  at::Tensor inp = make_input("mlp", 7);
+  (*model)(inp).sum().backward();  // lazy init: the states know their FQNs
+  fsdp::FSDPModule mlp0 = fsdp::as_fsdp(model->child("0"));
+  fsdp::UnshardHandle h = mlp0.unshard(/*async_op=*/true);
+  const std::string err = error_of([&] { mlp0.reshard(); });
+  EXPECT_THAT(err, HasSubstr("fully_shard '0 (MLP)': reshard() while Unsharding; it needs Sharded or Unsharded"));
+  h.wait();
+  mlp0.reshard();  // legal once the gather finished
+  EXPECT_EQ(fsdp::memory_stats().unsharded_bytes, 0) << "after the legal reshard nothing is unsharded";
+  at::Tensor loss = (*model)(inp).sum();  // and the model still trains
+  loss.backward();
+  for (auto& p : model->params()) EXPECT_TRUE(p.grad().defined());
+}
+
+TDC_DIST_TEST(FSDPTest, UnshardDuringBackwardOfAnotherGroupIsNamed, .world_size = 2) {
+  conformance::world();
+  auto model = make_model("mlp");
+  shard_model(*model, "mlp", {});
+  at::Tensor inp = make_input("mlp", 7);
+  (*model)(inp).sum().backward();
+  // A hook on module 2's output runs inside module 2's backward and tries to unshard module 0.
+  bool hook_ran = false;
+  model->child("2").register_forward_hook(
+      [&](nn::Module&, const nn::Tensors&, const nn::Tensors& out) -> std::optional<nn::Tensors> {
+        at::Tensor(out[0]).register_hook([&](const at::Tensor& g) {
+          hook_ran = true;
+          fsdp::as_fsdp(model->child("0")).unshard();
+          return g;
+        });
+        return std::nullopt;
+      });
+  const std::string err = error_of([&] { (*model)(inp).sum().backward(); });
+  EXPECT_TRUE(hook_ran);
+  EXPECT_THAT(err, HasSubstr("fully_shard '0 (MLP)': unshard() while Idle during a backward pass"));
+  EXPECT_THAT(err, HasSubstr("it needs Idle outside forward and backward"));
+}
+
+TDC_DIST_TEST(FSDPTest, ReshardInsideItsOwnForwardIsNamed, .world_size = 2) {
+  conformance::world();
+  auto model = make_model("mlp");
+  shard_model(*model, "mlp", {});
+  at::Tensor inp = make_input("mlp", 7);
+  (*model)(inp).sum().backward();
+  // Registered after fully_shard's pre-hook, so it runs inside the module's Forward state.
+  std::string err;
+  model->child("1").register_forward_pre_hook([&](nn::Module& m, const nn::Tensors&) -> std::optional<nn::Tensors> {
+    err = error_of([&] { fsdp::as_fsdp(m).reshard(); });
+    return std::nullopt;
+  });
+  (*model)(inp).sum().backward();
+  EXPECT_THAT(err, HasSubstr("fully_shard '1 (MLP)': reshard() while Forward (inside its own forward); it needs Idle"));
+}
+
 // ------------------------------------------------------------------ bad input
 
 TDC_DIST_TEST(FSDPTest, BadInput, .world_size = 2) {

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 namespace tdc::fsdp {
 
@@ -118,7 +119,6 @@ void FSDPState::lazy_init() {
     auto s = state_of(*m);
     if (!s) continue;
     tree_.push_back(s);
-    s->root_ = weak_from_this();
     s->label_ = label_of(fqn, *m);
     s->group_.set_label(s->label_);
     if (s.get() != this) s->is_root_ = false;
@@ -222,10 +222,8 @@ void FSDPState::root_post_backward() {
   }
 }
 
-bool FSDPState::backward_in_flight() const {
-  auto root = root_.lock();
-  return root && root->root_backward_queued_;
-}
+// The autograd engine's graph task of the calling thread: -1 outside backward.
+bool FSDPState::backward_in_flight() { return torch::autograd::get_current_graph_task_id() != -1; }
 
 void FSDPState::check_user_control(const char* action) const {
   if (training_state_ == TrainingState::Forward) {
@@ -233,8 +231,7 @@ void FSDPState::check_user_control(const char* action) const {
   }
   if (backward_in_flight()) {
     throw_lifecycle_error(label_, action,
-                          fmt::format("{} during a backward of root {}", to_string(training_state_),
-                                      root_.lock()->label_),
+                          fmt::format("{} during a backward pass", to_string(training_state_)),
                           "Idle outside forward and backward (FSDP's hooks own the parameters there; "
                           "prefetch with set_modules_to_backward_prefetch)");
   }

@@ -32,7 +32,7 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
 
   // ---------------------------------------------------------------- FSDPModule's controls
   // unshard()/reshard() from the public API: legal outside this module's forward and outside any
-  // backward of its root (FSDP's hooks own the parameters there). Throws naming both states.
+  // backward pass (FSDP's hooks own the parameters there). Throws naming both states.
   void check_user_control(const char* action) const;
   void set_forward_prefetch(std::vector<nn::Module*> modules) { forward_prefetch_ = std::move(modules); }
   void set_backward_prefetch(std::vector<nn::Module*> modules) { backward_prefetch_ = std::move(modules); }
@@ -49,7 +49,7 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   void root_post_backward();
   // Issues async unshards of `modules` (explicit prefetch; tdc has no implicit prefetch).
   static void prefetch_unshard(const std::vector<nn::Module*>& modules);
-  bool backward_in_flight() const;
+  static bool backward_in_flight();
   void apply_unshard_function();
 
   nn::Module* module_;
@@ -57,7 +57,6 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   std::string label_;
   TrainingState training_state_ = TrainingState::Idle;
   std::optional<bool> is_root_;                // unset until lazy init
-  std::weak_ptr<FSDPState> root_;              // set at lazy init
   std::vector<std::weak_ptr<FSDPState>> tree_;  // root only: every state under it (itself included)
   std::vector<nn::Module*> forward_prefetch_, backward_prefetch_;
   bool root_backward_queued_ = false;          // root only: its end-of-backward callback is queued
