@@ -34,6 +34,12 @@ std::string Params::str() const {
 
 namespace {
 
+// [Note: every rank runs the same combinations in the same order]
+// The barrier after each combination pairs every rank's k-th combination with the others' k-th,
+// and collectives inside a combination pair up the same way. So the order depends on the axes
+// alone, never on rank-local state: combinations() is a function of the axis sizes, and both
+// forms (typed and string-keyed) go through it.
+
 // Every combination of the axes' value indices, in run order: the last axis varies fastest, as
 // itertools.product does. Throws std::invalid_argument naming an axis without values.
 std::vector<std::vector<size_t>> combinations(const std::vector<internal::AxisLabels>& axes) {
@@ -95,6 +101,7 @@ void run_one(const std::string& label, const std::function<void()>& body) {
 
 }  // namespace
 
+// See [Note: every rank runs the same combinations in the same order].
 void internal::run_subtests(const std::vector<AxisLabels>& axes,
                             const std::function<void(const std::vector<size_t>&)>& body) {
   for (const auto& index : combinations(axes)) run_one(label_of(axes, index), [&] { body(index); });
