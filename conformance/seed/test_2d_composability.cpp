@@ -1,13 +1,14 @@
 // Conformance: PyTorch's test/distributed/_composable/test_composability/test_2d_composability.py.
 // Same class and method names, same assertions.
-// Implemented so far: TestFullyShard2DTraining (C.1.1) except the checkpoint-resume method (it
-// needs tdc::checkpoint), and Test2dFSDP1ParallelIntegration (C.1.3). TestFullyShard2DStateDict
-// (C.1.2) waits for tdc::checkpoint; the FSDP1 classes (C.1.4, C.1.5) for tdc::fsdp1.
+// Implemented so far: TestFullyShard2DTraining except the checkpoint-resume method (it needs
+// tdc::checkpoint), and Test2dFSDP1ParallelIntegration. TestFullyShard2DStateDict waits for
+// tdc::checkpoint; the FSDP1 classes for tdc::fsdp1.
 //
 // Launch: PyTorch runs these classes on persistent workers (DTensorContinuousTestBase); here each
 // test is one fork-launched world (ranks are processes, as there), world size 4 as the class says.
 // PyTorch skips them below 4 GPUs (skip_if_lt_x_gpu(4)); tdc runs them on whatever backend and
-// device the run names (gloo/cpu by default), which Part E.3 judges meaningful for this class.
+// device the run names (gloo/cpu by default): the class asserts parity and collective counts,
+// which mean the same on any device.
 #include <functional>
 #include <vector>
 
@@ -39,7 +40,7 @@ using harness::ctx;
   return conformance::all_close(actual, expected);
 }
 
-// ---------------------------------------------------------------- C.1.1 TestFullyShard2DTraining
+// ---------------------------------------------------------------- TestFullyShard2DTraining
 
 constexpr int kWorld2D = 4;  // the class's world_size
 
@@ -237,7 +238,7 @@ TDC_DIST_TEST(TestFullyShard2DTraining, test_tp_with_fsdp_offloading, .world_siz
   }
 }
 
-// ---------------------------------------------------------------- C.1.3 Test2dFSDP1ParallelIntegration
+// ---------------------------------------------------------------- Test2dFSDP1ParallelIntegration
 
 struct Integration {
   std::shared_ptr<ddp::DistributedDataParallel> model, twod_model;

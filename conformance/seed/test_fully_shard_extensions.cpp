@@ -1,7 +1,7 @@
 // Conformance: PyTorch's test/distributed/_composable/fsdp/test_fully_shard_extensions.py. Same
 // class and method names, same assertions.
 //
-// C++ has no tensor subclasses, so the spec's Part E mapping applies:
+// C++ has no tensor subclasses, so the Python hooks map to C++ as follows:
 //  * the all-gather extension is registered per parameter (fsdp::set_all_gather_extension)
 //    instead of living on a tensor subclass or an instance attribute;
 //  * TwoTensor is re-created as a "two-buffer parameter" test double: every weight `a` has a
@@ -168,7 +168,7 @@ void trunc_normal_init(nn::Module& model) {
   }
 }
 
-// ------------------------------------------------------------------ C.3.2 MultiProcess
+// ------------------------------------------------------------------ TestFullyShardAllGatherExtensionsMultiProcess
 
 // _test_all_gather_extensions_train_parity under _patch_two_tensor_fsdp_all_gather(version).
 void _test_all_gather_extensions_train_parity(int version, bool reshard_after_forward) {
@@ -225,7 +225,7 @@ TDC_DIST_TEST(TestFullyShardAllGatherExtensionsMultiProcess, test_all_gather_ext
   }
 }
 
-// ------------------------------------------------------------------ C.3.3 MultiThread (8 threads)
+// ------------------------------------------------------------------ TestFullyShardAllGatherExtensionsMultiThread (8 threads)
 
 constexpr harness::Launcher kThreads = harness::Launcher::Thread;
 
