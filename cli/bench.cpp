@@ -26,13 +26,16 @@ namespace {
 
 const std::vector<OptionSpec> kBenchOptions = {
     {"out", "FILE", "where the benchmark writes its JSON (default results/bench-NAME.json)"},
-    {"repeat", "N", "harness: timed launches per case and launcher (default 20; the smoke test "
-                    "uses 3); ddp, fsdp: timed steps per case (default 10)"},
+    {"repeat", "N",
+     "harness: timed launches per case and launcher (default 20; the smoke test "
+     "uses 3); ddp, fsdp: timed steps per case (default 10)"},
     {"build-dir", "DIR", "build directory (default $TDC_BUILD)"},
-    {"rounds", "N", "fsdp: rounds of (tdc side, PyTorch side), order alternating; figures are medians "
-                    "over rounds (default 3)"},
-    {"python", "PY", "fsdp: the python with torch 2.13 and matplotlib (default $TDC_VENV/bin/python, "
-                     "else SOURCE/.venv/bin/python)"},
+    {"rounds", "N",
+     "fsdp: rounds of (tdc side, PyTorch side), order alternating; figures are medians "
+     "over rounds (default 3)"},
+    {"python", "PY",
+     "fsdp: the python with torch 2.13 and matplotlib (default $TDC_VENV/bin/python, "
+     "else SOURCE/.venv/bin/python)"},
 };
 
 constexpr const char* kBenchUsage =
@@ -55,8 +58,10 @@ constexpr const char* kBenchUsage =
 
 double number_at(const json& j, const fs::path& file, const std::string& key) {
   if (!j.contains(key) || !j[key].is_number())
-    throw std::runtime_error(fmt::format("benchmark output '{}': field '{}' is missing or not a "
-                                         "number", file.string(), key));
+    throw std::runtime_error(
+        fmt::format("benchmark output '{}': field '{}' is missing or not a "
+                    "number",
+                    file.string(), key));
   return j[key].get<double>();
 }
 
@@ -65,8 +70,8 @@ std::optional<json> run_benchmark(const fs::path& build, const std::string& bina
                                   std::optional<int> repeat, int* exit_status) {
   fs::path exe = build / binary;
   if (!fs::exists(exe))
-    throw UsageError(fmt::format("benchmark binary '{}' does not exist: build it (ninja -C {} {})",
-                                 exe.string(), build.string(), binary));
+    throw UsageError(fmt::format("benchmark binary '{}' does not exist: build it (ninja -C {} {})", exe.string(),
+                                 build.string(), binary));
   SpawnOptions so;
   so.argv = {exe.string(), "--out", out.string()};
   if (repeat) so.argv.insert(so.argv.end(), {"--repeat", std::to_string(*repeat)});
@@ -99,42 +104,39 @@ int print_harness(const json& j, const fs::path& out) {
   if (j.contains("cases") && j["cases"].is_object()) {
     for (const auto& [launcher, cases] : j["cases"].items()) {
       for (const auto& [name, c] : cases.items()) {
-        fmt::print("{:<8} {:<12} {:>10.1f} {:>10.1f} {:>5}\n", launcher, name,
-                   c.value("median_ms", 0.0), c.value("p90_ms", 0.0), c.value("n", 0));
+        fmt::print("{:<8} {:<12} {:>10.1f} {:>10.1f} {:>5}\n", launcher, name, c.value("median_ms", 0.0),
+                   c.value("p90_ms", 0.0), c.value("n", 0));
       }
     }
   }
   const json targets = j.value("targets", json::object());
   auto verdict = [&](const char* key, double v) {
     double target = targets.value(key, 0.0);
-    return target > 0 ? fmt::format("{:.1f} ms (target {:.0f} ms: {})", v, target,
-                                    v <= target ? "met" : "NOT met")
+    return target > 0 ? fmt::format("{:.1f} ms (target {:.0f} ms: {})", v, target, v <= target ? "met" : "NOT met")
                       : fmt::format("{:.1f} ms", v);
   };
-  fmt::print("\nfork_ms_per_test   {}\nthread_ms_per_test {}\nwritten to {}\n",
-             verdict("fork_ms_per_test", fork_ms), verdict("thread_ms_per_test", thread_ms),
-             out.string());
+  fmt::print("\nfork_ms_per_test   {}\nthread_ms_per_test {}\nwritten to {}\n", verdict("fork_ms_per_test", fork_ms),
+             verdict("thread_ms_per_test", thread_ms), out.string());
   return kExitOk;
 }
 
 int print_ddp(const json& j, const fs::path& out) {
   if (!j.contains("cases") || !j["cases"].is_object())
     throw std::runtime_error(fmt::format("benchmark output '{}': field 'cases' is missing", out.string()));
-  fmt::print("\nDDP benchmark: host {} ({} CPUs), LibTorch {}, {} timed steps per case, {} ATen "
-             "thread(s) per rank\n", j.value("host", std::string("?")), j.value("cpus", 0),
-             j.value("libtorch_version", std::string("?")), j.value("repeat", 0),
-             j.value("threads_per_rank", 0));
-  fmt::print("{:<12} {:>5} {:>12} {:>15} {:>7} {:>8}\n", "model", "world", "ddp_step_ms",
-             "single_step_ms", "ratio", "buckets");
+  fmt::print(
+      "\nDDP benchmark: host {} ({} CPUs), LibTorch {}, {} timed steps per case, {} ATen "
+      "thread(s) per rank\n",
+      j.value("host", std::string("?")), j.value("cpus", 0), j.value("libtorch_version", std::string("?")),
+      j.value("repeat", 0), j.value("threads_per_rank", 0));
+  fmt::print("{:<12} {:>5} {:>12} {:>15} {:>7} {:>8}\n", "model", "world", "ddp_step_ms", "single_step_ms", "ratio",
+             "buckets");
   for (const auto& [model, worlds] : j["cases"].items()) {
     for (const auto& [world, c] : worlds.items()) {
-      fmt::print("{:<12} {:>5} {:>12.2f} {:>15.2f} {:>7.2f} {:>8}\n", model, world,
-                 number_at(c, out, "ddp_step_ms"), number_at(c, out, "single_step_ms"),
-                 number_at(c, out, "ratio"), c.value("buckets", 0));
+      fmt::print("{:<12} {:>5} {:>12.2f} {:>15.2f} {:>7.2f} {:>8}\n", model, world, number_at(c, out, "ddp_step_ms"),
+                 number_at(c, out, "single_step_ms"), number_at(c, out, "ratio"), c.value("buckets", 0));
     }
   }
-  fmt::print("\nratio = DDP step / single-process step on the same global batch\nwritten to {}\n",
-             out.string());
+  fmt::print("\nratio = DDP step / single-process step on the same global batch\nwritten to {}\n", out.string());
   return kExitOk;
 }
 
@@ -168,8 +170,8 @@ ojson read_json(const fs::path& file) {
 
 double number_in(const ojson& j, const fs::path& file, const std::string& where, const std::string& key) {
   if (!j.is_object() || !j.contains(key) || !j[key].is_number())
-    throw std::runtime_error(fmt::format("benchmark output '{}': field '{}.{}' is missing or not a number",
-                                         file.string(), where, key));
+    throw std::runtime_error(
+        fmt::format("benchmark output '{}': field '{}.{}' is missing or not a number", file.string(), where, key));
   return j[key].get<double>();
 }
 
@@ -212,8 +214,8 @@ ojson merge_fsdp(const ojson& t, const fs::path& tdc_file, const ojson& py, cons
     m["pytorch_single_step_ms"] = p.value("single_step_ms", 0.0);
     m["pytorch_params"] = p.value("params", 0);
     if (p.value("params", -1) != m.value("params", -2))
-      throw std::runtime_error(fmt::format("model {}: tdc has {} parameters, PyTorch {}: not the same model",
-                                           model, m.value("params", 0), p.value("params", 0)));
+      throw std::runtime_error(fmt::format("model {}: tdc has {} parameters, PyTorch {}: not the same model", model,
+                                           m.value("params", 0), p.value("params", 0)));
     if (p.value("global_batch", -1) != m.value("global_batch", -2))
       throw std::runtime_error(fmt::format("model {}: tdc and PyTorch ran different global batches", model));
   }
@@ -229,29 +231,30 @@ ojson merge_fsdp(const ojson& t, const fs::path& tdc_file, const ojson& py, cons
 }
 
 int print_fsdp(const ojson& j, const fs::path& out, const fs::path& png) {
-  fmt::print("\nFSDP benchmark: host {} ({} CPUs), LibTorch {} vs torch {}, {} timed steps per case "
-             "(median of rank 0; median over {} round(s)), {} ATen thread(s) per rank\n",
-             j.value("host", std::string("?")), j.value("cpus", 0),
-             j.value("libtorch_version", std::string("?")), j.value("torch_version", std::string("?")),
-             j.value("repeat", 0), j.value("rounds", 1), j.value("threads_per_rank", 0));
-  fmt::print("{:<12} {:>5} {:>10} {:>10} {:>13} {:>13} {:>7}   {:>17} {:>7}\n", "model", "world", "single_ms",
-             "ddp_ms", "tdc_fsdp_ms", "torch_fsdp_ms", "ratio", "tdc_nochecks_ms", "ratio");
+  fmt::print(
+      "\nFSDP benchmark: host {} ({} CPUs), LibTorch {} vs torch {}, {} timed steps per case "
+      "(median of rank 0; median over {} round(s)), {} ATen thread(s) per rank\n",
+      j.value("host", std::string("?")), j.value("cpus", 0), j.value("libtorch_version", std::string("?")),
+      j.value("torch_version", std::string("?")), j.value("repeat", 0), j.value("rounds", 1),
+      j.value("threads_per_rank", 0));
+  fmt::print("{:<12} {:>5} {:>10} {:>10} {:>13} {:>13} {:>7}   {:>17} {:>7}\n", "model", "world", "single_ms", "ddp_ms",
+             "tdc_fsdp_ms", "torch_fsdp_ms", "ratio", "tdc_nochecks_ms", "ratio");
   for (const auto& [model, worlds] : j["cases"].items()) {
     for (const auto& [world, c] : worlds.items()) {
       double r = c.value("ratio", 0.0);
-      fmt::print("{:<12} {:>5} {:>10.2f} {:>10.2f} {:>13.2f} {:>13.2f} {:>7.2f}{} {:>17.2f} {:>7.2f}\n", model,
-                 world, c.value("single_step_ms", 0.0), c.value("ddp_step_ms", 0.0),
-                 c.value("tdc_fsdp_step_ms", 0.0), c.value("pytorch_fsdp_step_ms", 0.0), r,
-                 r <= 1.0 ? "  " : " >", c.value("tdc_fsdp_nochecks_step_ms", 0.0), c.value("ratio_nochecks", 0.0));
+      fmt::print("{:<12} {:>5} {:>10.2f} {:>10.2f} {:>13.2f} {:>13.2f} {:>7.2f}{} {:>17.2f} {:>7.2f}\n", model, world,
+                 c.value("single_step_ms", 0.0), c.value("ddp_step_ms", 0.0), c.value("tdc_fsdp_step_ms", 0.0),
+                 c.value("pytorch_fsdp_step_ms", 0.0), r, r <= 1.0 ? "  " : " >",
+                 c.value("tdc_fsdp_nochecks_step_ms", 0.0), c.value("ratio_nochecks", 0.0));
     }
   }
   const int cpus = j.value("cpus", 0);
-  fmt::print("\nratio = tdc FSDP2 step / PyTorch fully_shard step (same model, batch, step, world size);\n"
-             "tdc_nochecks: tdc FSDP2 with its cross-rank collective argument checks off (TDC_COMM_CHECKS=0)\n"
-             "target: ratio <= 1 in every case: {} (worst {:.2f})\n",
-             j.value("target_met", false) ? "met" : "NOT met", j.value("worst_ratio", 0.0));
-  if (cpus > 0 && cpus < 4)
-    fmt::print("note: {} CPUs here, so world size 4 oversubscribes the cores\n", cpus);
+  fmt::print(
+      "\nratio = tdc FSDP2 step / PyTorch fully_shard step (same model, batch, step, world size);\n"
+      "tdc_nochecks: tdc FSDP2 with its cross-rank collective argument checks off (TDC_COMM_CHECKS=0)\n"
+      "target: ratio <= 1 in every case: {} (worst {:.2f})\n",
+      j.value("target_met", false) ? "met" : "NOT met", j.value("worst_ratio", 0.0));
+  if (cpus > 0 && cpus < 4) fmt::print("note: {} CPUs here, so world size 4 oversubscribes the cores\n", cpus);
   fmt::print("written to {}\n           {}\n", out.string(), png.string());
   return kExitOk;
 }
@@ -268,8 +271,9 @@ double median_of(std::vector<double> v) {
 // between those medians, and each case keeps its per-round ratios.
 ojson combine_rounds(const std::vector<ojson>& rounds) {
   ojson out = rounds.front();
-  const char* case_keys[] = {"single_step_ms", "ddp_step_ms", "tdc_fsdp_step_ms", "tdc_fsdp_p90_ms",
-                             "tdc_fsdp_nochecks_step_ms", "pytorch_fsdp_step_ms", "pytorch_fsdp_p90_ms"};
+  const char* case_keys[] = {
+      "single_step_ms",       "ddp_step_ms",        "tdc_fsdp_step_ms", "tdc_fsdp_p90_ms", "tdc_fsdp_nochecks_step_ms",
+      "pytorch_fsdp_step_ms", "pytorch_fsdp_p90_ms"};
   const char* model_keys[] = {"single_step_ms", "pytorch_single_step_ms"};
   auto med = [&](const char* section, const std::string& a, const std::string& b, const char* key) {
     std::vector<double> v;
@@ -326,18 +330,19 @@ int bench_fsdp(const ParsedArgs& a, const fs::path& build, const fs::path& out, 
     python = source / ".venv" / "bin" / "python";
   }
   if (python.empty() || ::access(python.c_str(), X_OK) != 0)
-    throw UsageError(fmt::format(
-        "bench fsdp: no python for the PyTorch side{}: run ./tdc setup (it creates .venv with torch "
-        "2.13 and matplotlib) or pass --python PY",
-        python.empty() ? "" : fmt::format(" ('{}' is not an executable)", python.string())));
-  if (source.empty())
-    throw UsageError("bench fsdp: cannot find the source directory (bench/pytorch/): set TDC_ROOT");
+    throw UsageError(
+        fmt::format("bench fsdp: no python for the PyTorch side{}: run ./tdc setup (it creates .venv with torch "
+                    "2.13 and matplotlib) or pass --python PY",
+                    python.empty() ? "" : fmt::format(" ('{}' is not an executable)", python.string())));
+  if (source.empty()) throw UsageError("bench fsdp: cannot find the source directory (bench/pytorch/): set TDC_ROOT");
   const fs::path runner = source / "bench" / "pytorch" / "fsdp_pytorch.py";
   const fs::path plotter = source / "bench" / "pytorch" / "fsdp_plot.py";
   for (const fs::path& f : {runner, plotter})
     if (!fs::is_regular_file(f))
-      throw UsageError(fmt::format("bench fsdp: '{}' does not exist (TDC_ROOT / --build-dir point at "
-                                   "the wrong tree?)", f.string()));
+      throw UsageError(
+          fmt::format("bench fsdp: '{}' does not exist (TDC_ROOT / --build-dir point at "
+                      "the wrong tree?)",
+                      f.string()));
   const int n = repeat.value_or(10);
   const int n_rounds = a.get("rounds") ? parse_positive_int("bench", "rounds", *a.get("rounds")) : 3;
   fs::create_directories(out.parent_path());
@@ -368,10 +373,10 @@ int bench_fsdp(const ParsedArgs& a, const fs::path& build, const fs::path& out, 
       return true;
     };
     auto py_side = [&] {
-      fmt::print(stderr, "tdc bench fsdp: round {}/{}, PyTorch side ({} {})\n", r, n_rounds,
-                 python.string(), runner.string());
-      status = run_python({python.string(), runner.string(), "--out", py_file.string(), "--repeat",
-                           std::to_string(n), "--warmup", std::to_string(kFsdpWarmup)});
+      fmt::print(stderr, "tdc bench fsdp: round {}/{}, PyTorch side ({} {})\n", r, n_rounds, python.string(),
+                 runner.string());
+      status = run_python({python.string(), runner.string(), "--out", py_file.string(), "--repeat", std::to_string(n),
+                           "--warmup", std::to_string(kFsdpWarmup)});
       if (status != kExitOk) return false;
       py = read_json(py_file);
       return true;
@@ -379,8 +384,8 @@ int bench_fsdp(const ParsedArgs& a, const fs::path& build, const fs::path& out, 
     bool ok = r % 2 ? (tdc_side() && py_side()) : (py_side() && tdc_side());
     if (!ok) return status;
     if (t->value("warmup", -1) != kFsdpWarmup)
-      throw std::runtime_error(fmt::format("tdc_bench_fsdp ran {} warm-up steps, the CLI expects {}",
-                                           t->value("warmup", -1), kFsdpWarmup));
+      throw std::runtime_error(
+          fmt::format("tdc_bench_fsdp ran {} warm-up steps, the CLI expects {}", t->value("warmup", -1), kFsdpWarmup));
     rounds.push_back(merge_fsdp(*t, tdc_file, *py, py_file));
   }
   const ojson merged = combine_rounds(rounds);
@@ -410,8 +415,8 @@ int bench_command(const std::vector<std::string>& args) {
   }
   const std::string name = a.positional.size() == 1 ? a.positional[0] : "";
   if (name != "harness" && name != "ddp" && name != "fsdp")
-    throw UsageError(fmt::format("bench: unknown benchmark '{}' (available: harness, ddp, fsdp)",
-                                 fmt::join(a.positional, " ")));
+    throw UsageError(
+        fmt::format("bench: unknown benchmark '{}' (available: harness, ddp, fsdp)", fmt::join(a.positional, " ")));
   fs::path build = resolve_build_dir(a.get("build-dir"));
   fs::path out = fs::absolute(a.get("out").value_or(fmt::format("results/bench-{}.json", name)));
   std::optional<int> repeat;

@@ -12,8 +12,8 @@ namespace tdc::cli {
 
 // Exit codes of every command.
 constexpr int kExitOk = 0;
-constexpr int kExitFailed = 1;     // tests failed / the benchmark or ctest failed
-constexpr int kExitUsage = 2;      // bad command line or environment (message names what)
+constexpr int kExitFailed = 1;  // tests failed / the benchmark or ctest failed
+constexpr int kExitUsage = 2;   // bad command line or environment (message names what)
 constexpr int kExitInterrupted = 130;
 
 // A bad command line: reported as "tdc: error: ..." with exit status 2.
@@ -43,10 +43,8 @@ ParsedArgs parse_args(const std::string& command, const std::vector<OptionSpec>&
 std::string format_options(const std::vector<OptionSpec>& specs);
 
 // Seconds > 0; UsageError naming the option and the value otherwise.
-double parse_seconds(const std::string& command, const std::string& option,
-                     const std::string& value);
-int parse_positive_int(const std::string& command, const std::string& option,
-                       const std::string& value);
+double parse_seconds(const std::string& command, const std::string& option, const std::string& value);
+int parse_positive_int(const std::string& command, const std::string& option, const std::string& value);
 
 // The build directory: --build-dir, else $TDC_BUILD, else the directory holding this executable
 // when it has a tdc_suites.json. Throws UsageError saying what was tried.

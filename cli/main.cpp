@@ -41,10 +41,8 @@ ParsedArgs parse_args(const std::string& command, const std::vector<OptionSpec>&
     if (a.rfind("--", 0) != 0 || a == "--") {
       if (!allow_positional || (a.size() > 1 && a[0] == '-' && a != "--"))
         throw UsageError(a.size() > 1 && a[0] == '-'
-                             ? fmt::format("{}: unknown option '{}' (see 'tdc {} --help')", command,
-                                           a, command)
-                             : fmt::format("{}: unexpected argument '{}' (see 'tdc {} --help')",
-                                           command, a, command));
+                             ? fmt::format("{}: unknown option '{}' (see 'tdc {} --help')", command, a, command)
+                             : fmt::format("{}: unexpected argument '{}' (see 'tdc {} --help')", command, a, command));
       out.positional.push_back(a);
       continue;
     }
@@ -57,20 +55,16 @@ ParsedArgs parse_args(const std::string& command, const std::vector<OptionSpec>&
     const OptionSpec* spec = nullptr;
     for (const auto& s : specs)
       if (name == s.name) spec = &s;
-    if (!spec)
-      throw UsageError(fmt::format("{}: unknown option '--{}' (see 'tdc {} --help')", command,
-                                   name, command));
+    if (!spec) throw UsageError(fmt::format("{}: unknown option '--{}' (see 'tdc {} --help')", command, name, command));
     if (!spec->metavar) {
       if (inline_value)
-        throw UsageError(fmt::format("{}: option '--{}' takes no value (got '{}')", command, name,
-                                     *inline_value));
+        throw UsageError(fmt::format("{}: option '--{}' takes no value (got '{}')", command, name, *inline_value));
       out.values[name] = "";
     } else if (inline_value) {
       out.values[name] = *inline_value;
     } else {
       if (i + 1 >= args.size())
-        throw UsageError(
-            fmt::format("{}: option '--{}' needs a value ({})", command, name, spec->metavar));
+        throw UsageError(fmt::format("{}: option '--{}' needs a value ({})", command, name, spec->metavar));
       out.values[name] = args[++i];
     }
   }
@@ -87,23 +81,19 @@ std::string format_options(const std::vector<OptionSpec>& specs) {
   return out;
 }
 
-double parse_seconds(const std::string& command, const std::string& option,
-                     const std::string& value) {
+double parse_seconds(const std::string& command, const std::string& option, const std::string& value) {
   char* end = nullptr;
   double v = std::strtod(value.c_str(), &end);
   if (value.empty() || *end != '\0' || !(v > 0))
-    throw UsageError(fmt::format("{}: --{} must be a positive number of seconds, got '{}'",
-                                 command, option, value));
+    throw UsageError(fmt::format("{}: --{} must be a positive number of seconds, got '{}'", command, option, value));
   return v;
 }
 
-int parse_positive_int(const std::string& command, const std::string& option,
-                       const std::string& value) {
+int parse_positive_int(const std::string& command, const std::string& option, const std::string& value) {
   char* end = nullptr;
   long v = std::strtol(value.c_str(), &end, 10);
   if (value.empty() || *end != '\0' || v <= 0 || v > 1000000)
-    throw UsageError(
-        fmt::format("{}: --{} must be a positive integer, got '{}'", command, option, value));
+    throw UsageError(fmt::format("{}: --{} must be a positive integer, got '{}'", command, option, value));
   return static_cast<int>(v);
 }
 
@@ -112,10 +102,10 @@ int parse_positive_int(const std::string& command, const std::string& option,
 fs::path resolve_build_dir(const std::optional<std::string>& flag) {
   auto check = [](const fs::path& dir, const std::string& source) {
     if (!fs::is_regular_file(dir / "tdc_suites.json"))
-      throw UsageError(fmt::format(
-          "build directory '{}' (from {}) has no tdc_suites.json: configure and build it first "
-          "(./tdc build)",
-          dir.string(), source));
+      throw UsageError(
+          fmt::format("build directory '{}' (from {}) has no tdc_suites.json: configure and build it first "
+                      "(./tdc build)",
+                      dir.string(), source));
     return fs::absolute(dir).lexically_normal();
   };
   if (flag) return check(*flag, "--build-dir");
@@ -123,8 +113,7 @@ fs::path resolve_build_dir(const std::optional<std::string>& flag) {
   std::error_code ec;
   fs::path self = fs::read_symlink("/proc/self/exe", ec);
   if (!ec && fs::is_regular_file(self.parent_path() / "tdc_suites.json")) return self.parent_path();
-  throw UsageError(
-      "no build directory: pass --build-dir DIR or set TDC_BUILD (./tdc sets it for you)");
+  throw UsageError("no build directory: pass --build-dir DIR or set TDC_BUILD (./tdc sets it for you)");
 }
 
 fs::path resolve_source_dir(const fs::path& build_dir) {
@@ -201,8 +190,7 @@ int test_command(const std::vector<std::string>& args) {
     return kExitOk;
   }
   fs::path build = resolve_build_dir(a.get("build-dir"));
-  std::vector<std::string> argv = {"ctest", "--test-dir", build.string(), "--output-on-failure",
-                                   "-j2"};
+  std::vector<std::string> argv = {"ctest", "--test-dir", build.string(), "--output-on-failure", "-j2"};
   argv.insert(argv.end(), passthrough.begin(), passthrough.end());
   fmt::print(stderr, "tdc test: {}\n", fmt::join(argv, " "));
   auto t0 = std::chrono::steady_clock::now();
@@ -270,8 +258,7 @@ int main(int argc, char** argv) {
     if (command == "run") return run_command(rest);
     if (command == "test") return test_command(rest);
     if (command == "bench") return bench_command(rest);
-    throw UsageError(fmt::format("unknown command '{}' (commands: run, test, bench, help)",
-                                 command));
+    throw UsageError(fmt::format("unknown command '{}' (commands: run, test, bench, help)", command));
   } catch (const UsageError& e) {
     fmt::print(stderr, "tdc: error: {}\n", e.what());
     return kExitUsage;

@@ -27,9 +27,7 @@ void on_signal(int sig) { g_signal = sig; }
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 }  // namespace
 
@@ -63,8 +61,7 @@ Child Child::spawn(const SpawnOptions& o) {
   posix_spawnattr_setpgroup(&attr, 0);
   posix_spawnattr_setsigdefault(&attr, &all);
   posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF |
-                                      POSIX_SPAWN_SETSIGMASK);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
 
   std::vector<char*> argv;
   for (const auto& a : o.argv) argv.push_back(const_cast<char*>(a.c_str()));
@@ -73,8 +70,7 @@ Child Child::spawn(const SpawnOptions& o) {
   int rc = posix_spawnp(&pid, argv[0], &fa, &attr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
-  if (rc != 0)
-    throw std::runtime_error(fmt::format("cannot start '{}': {}", o.argv[0], std::strerror(rc)));
+  if (rc != 0) throw std::runtime_error(fmt::format("cannot start '{}': {}", o.argv[0], std::strerror(rc)));
   Child c;
   c.pid_ = pid;
   return c;
@@ -118,7 +114,8 @@ int Child::wait(double grace_s) {
     if (forwarded && seconds_since(since) > grace_s) {
       signal_group(SIGKILL);
       int st = 0;
-      while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {}
+      while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+      }
       status_ = st;
       break;
     }
@@ -136,12 +133,12 @@ void Child::terminate(double grace_s) {
   if (!running()) return;
   signal_group(SIGTERM);
   auto t0 = Clock::now();
-  while (!poll() && seconds_since(t0) < grace_s)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  while (!poll() && seconds_since(t0) < grace_s) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   signal_group(SIGKILL);
   if (!status_) {
     int st = 0;
-    while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {}
+    while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+    }
     status_ = st;
   }
 }
@@ -151,8 +148,7 @@ std::string describe_exit(int st) {
   if (WIFSIGNALED(st)) {
     int sig = WTERMSIG(st);
     const char* name = strsignal(sig);
-    return fmt::format("killed by signal {} ({}){}", sig, name ? name : "?",
-                       WCOREDUMP(st) ? ", core dumped" : "");
+    return fmt::format("killed by signal {} ({}){}", sig, name ? name : "?", WCOREDUMP(st) ? ", core dumped" : "");
   }
   return fmt::format("wait status {:#x}", st);
 }
@@ -179,8 +175,7 @@ bool drain(int fd, std::string& buf) {
 
 Captured capture(const std::vector<std::string>& argv, bool merge_stderr, double timeout_s) {
   int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0)
-    throw std::runtime_error(fmt::format("pipe: {}", std::strerror(errno)));
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error(fmt::format("pipe: {}", std::strerror(errno)));
   int devnull = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
   SpawnOptions o;
   o.argv = argv;

@@ -13,10 +13,10 @@
 namespace tdc::cli {
 
 struct SpawnOptions {
-  std::vector<std::string> argv;              // argv[0] is looked up on PATH if it has no '/'
-  int stdout_fd = -1;                         // -1: inherit
-  int stderr_fd = -1;                         // -1: inherit
-  std::vector<std::pair<int, int>> extra_fds; // (fd in this process, fd number in the child)
+  std::vector<std::string> argv;               // argv[0] is looked up on PATH if it has no '/'
+  int stdout_fd = -1;                          // -1: inherit
+  int stderr_fd = -1;                          // -1: inherit
+  std::vector<std::pair<int, int>> extra_fds;  // (fd in this process, fd number in the child)
 };
 
 class Child {
@@ -25,8 +25,7 @@ class Child {
   static Child spawn(const SpawnOptions& o);
 
   Child() = default;
-  Child(Child&& o) noexcept
-      : pid_(std::exchange(o.pid_, -1)), status_(o.status_), left_processes_(o.left_processes_) {}
+  Child(Child&& o) noexcept : pid_(std::exchange(o.pid_, -1)), status_(o.status_), left_processes_(o.left_processes_) {}
   Child& operator=(Child&& o) noexcept;
   Child(const Child&) = delete;
   Child& operator=(const Child&) = delete;
@@ -57,7 +56,7 @@ std::string describe_exit(int wait_status);
 int exit_code(int wait_status);
 
 struct Captured {
-  int status = 0;          // wait status
+  int status = 0;  // wait status
   std::string output;
   bool timed_out = false;
 };

@@ -34,13 +34,9 @@ Progress::Progress(int total) : total_(total) {
   if (tty_ && ::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 20) width_ = ws.ws_col;
 }
 
-double Progress::elapsed_s() const {
-  return std::chrono::duration<double>(Clock::now() - start_).count();
-}
+double Progress::elapsed_s() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
 
-std::string Progress::counters() const {
-  return fmt::format("pass {} fail {} skip {}", pass_, fail_, skip_);
-}
+std::string Progress::counters() const { return fmt::format("pass {} fail {} skip {}", pass_, fail_, skip_); }
 
 void Progress::clear_line() {
   if (tty_ && line_shown_) {
@@ -74,25 +70,30 @@ void Progress::test_started(const std::string& id) {
   redraw();
 }
 
-void Progress::test_ended(const std::string& id, Status status, double duration_s,
-                          const std::string& message) {
+void Progress::test_ended(const std::string& id, Status status, double duration_s, const std::string& message) {
   ++done_;
   switch (status) {
-    case Status::Pass: case Status::XFail: ++pass_; break;
-    case Status::Skip: case Status::NotSupported: ++skip_; break;
-    default: ++fail_;
+    case Status::Pass:
+    case Status::XFail:
+      ++pass_;
+      break;
+    case Status::Skip:
+    case Status::NotSupported:
+      ++skip_;
+      break;
+    default:
+      ++fail_;
   }
   if (id == current_) current_.clear();
   bool failed = harness::is_failure(status);
   if (tty_) {
     if (failed)
-      note(fmt::format("{:<8} {} ({}): {}", harness::to_string(status), id,
-                       format_duration(duration_s), first_line(message)));
+      note(fmt::format("{:<8} {} ({}): {}", harness::to_string(status), id, format_duration(duration_s),
+                       first_line(message)));
     redraw();
   } else {
-    std::string line = fmt::format("[{}/{}] {:<13} {} ({})  | {} {}", done_, total_,
-                                   harness::to_string(status), id, format_duration(duration_s),
-                                   clock_text(elapsed_s()), counters());
+    std::string line = fmt::format("[{}/{}] {:<13} {} ({})  | {} {}", done_, total_, harness::to_string(status), id,
+                                   format_duration(duration_s), clock_text(elapsed_s()), counters());
     if (failed && !message.empty()) line += "\n    " + first_line(message);
     note(line);
   }

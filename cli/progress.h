@@ -15,8 +15,7 @@ class Progress {
   explicit Progress(int total);
   void binary_started(const std::string& binary);
   void test_started(const std::string& id);
-  void test_ended(const std::string& id, harness::Status status, double duration_s,
-                  const std::string& message);
+  void test_ended(const std::string& id, harness::Status status, double duration_s, const std::string& message);
   // A line for the log / terminal, printed above the progress line.
   void note(const std::string& line);
   void tick();    // call a few times a second: redraws the elapsed time / heartbeat

@@ -66,9 +66,8 @@ bool adds_to(const std::string& excerpt, const std::string& message) {
 }  // namespace
 
 void print_summary(const RunResults& r, double elapsed) {
-  std::vector<Status> columns = {Status::Pass,  Status::Fail,  Status::Skip,
-                                  Status::NotSupported, Status::XFail, Status::XPass,
-                                  Status::Timeout, Status::Crash};
+  std::vector<Status> columns = {Status::Pass,  Status::Fail,  Status::Skip,    Status::NotSupported,
+                                 Status::XFail, Status::XPass, Status::Timeout, Status::Crash};
   if (r.counts().at(Status::Flaky) > 0) columns.push_back(Status::Flaky);  // only --repeat makes it
   std::vector<std::string> order;
   std::map<std::string, std::map<Status, int>> counts;
@@ -81,7 +80,8 @@ void print_summary(const RunResults& r, double elapsed) {
   size_t w = 5;
   for (const auto& s : order) w = std::max(w, std::min<size_t>(s.size(), 48));
   std::string header = fmt::format("{:<{}}", "suite", w);
-  for (Status s : columns) header += fmt::format(" {:>{}}", harness::to_string(s), std::max<size_t>(4, std::strlen(harness::to_string(s))));
+  for (Status s : columns)
+    header += fmt::format(" {:>{}}", harness::to_string(s), std::max<size_t>(4, std::strlen(harness::to_string(s))));
   header += fmt::format(" {:>6} {:>9}", "total", "time");
   fmt::print("\n{}\n{}\n", header, std::string(header.size(), '-'));
   auto row = [&](const std::string& name, std::map<Status, int>& c, double t) {
@@ -121,16 +121,13 @@ void print_failures(const RunResults& r, const std::map<std::string, fs::path>& 
       msg = msg.substr(0, cut) + "... (message truncated; see results.json)\n";
     }
     fmt::print("{}", indent(msg.empty() ? "(no message)" : msg, "    "));
-    if (!t.expectation.empty() && msg.find(t.expectation) == std::string::npos)
-      fmt::print("    {}\n", t.expectation);
+    if (!t.expectation.empty() && msg.find(t.expectation) == std::string::npos) fmt::print("    {}\n", t.expectation);
     if (auto it = log_of.find(t.id); it != log_of.end()) {
       std::string excerpt = log_excerpt(it->second, t.id, 40);
       if (!excerpt.empty()) {
-        if (adds_to(excerpt, t.message))
-          fmt::print("  log ({}):\n{}", it->second.string(), indent(excerpt, "    | "));
+        if (adds_to(excerpt, t.message)) fmt::print("  log ({}):\n{}", it->second.string(), indent(excerpt, "    | "));
       } else
-        fmt::print("  log tail ({}):\n{}", it->second.string(),
-                   indent(file_tail(it->second, 20), "    | "));
+        fmt::print("  log tail ({}):\n{}", it->second.string(), indent(file_tail(it->second, 20), "    | "));
     }
   }
 }
@@ -152,8 +149,8 @@ std::optional<std::string> check_outputs(const fs::path& json_path, const fs::pa
   if (s.root != "testsuites")
     return fmt::format("'{}': root element is <{}>, expected <testsuites>", xml_path.string(), s.root);
   if (s.count("testcase") != static_cast<int>(back.tests.size()))
-    return fmt::format("'{}' has {} <testcase> elements but '{}' has {} tests", xml_path.string(),
-                       s.count("testcase"), json_path.string(), back.tests.size());
+    return fmt::format("'{}' has {} <testcase> elements but '{}' has {} tests", xml_path.string(), s.count("testcase"),
+                       json_path.string(), back.tests.size());
   return std::nullopt;
 }
 

@@ -45,7 +45,8 @@ const std::vector<OptionSpec> kRunOptions = {
     {"implementation", "NAME", "name of the implementation under test (default tdc-reference)"},
     {"timeout", "S", "per-test deadline in seconds (default: the harness's, 60)"},
     {"expectations", "FILE", "known failures: FAIL->XFAIL, PASS->XPASS (docs/results-schema.md)"},
-    {"kind", "conformance|unit|mustfail", "which test binaries (default conformance; unit if none;\n"
+    {"kind", "conformance|unit|mustfail",
+     "which test binaries (default conformance; unit if none;\n"
      "                                   mustfail: the harness's must-fail cases)"},
     {"out", "DIR", "results directory (default results/ in the current directory)"},
     {"build-dir", "DIR", "build directory (default $TDC_BUILD)"},
@@ -99,8 +100,8 @@ std::pair<std::string, std::string> split_id(const std::string& id) {
   return {id.substr(0, dot), id.substr(dot + 1)};
 }
 
-TestResult make_record(const std::string& suite, const std::string& name, Status status,
-                       double duration_s, std::string message) {
+TestResult make_record(const std::string& suite, const std::string& name, Status status, double duration_s,
+                       std::string message) {
   TestResult t;
   t.id = suite + "." + name;
   t.suite = suite;
@@ -123,8 +124,7 @@ Options parse_options(const ParsedArgs& a) {
     o.forwarded.push_back("--tdc_launcher=" + *v);
   }
   if (auto v = a.get("device")) {
-    if (*v != "cpu" && *v != "cuda")
-      throw UsageError(fmt::format("run: --device must be cpu or cuda, got '{}'", *v));
+    if (*v != "cpu" && *v != "cuda") throw UsageError(fmt::format("run: --device must be cpu or cuda, got '{}'", *v));
     o.device = *v;
     o.forwarded.push_back("--tdc_device=" + *v);
   }
@@ -134,8 +134,7 @@ Options parse_options(const ParsedArgs& a) {
     o.forwarded.push_back("--tdc_backend=" + *v);
   }
   if (auto v = a.get("backend-lib")) {
-    if (!fs::is_regular_file(*v))
-      throw UsageError(fmt::format("run: --backend-lib '{}' is not a file", *v));
+    if (!fs::is_regular_file(*v)) throw UsageError(fmt::format("run: --backend-lib '{}' is not a file", *v));
     o.forwarded.push_back("--tdc_backend_lib=" + fs::absolute(*v).string());
   }
   if (auto v = a.get("implementation")) o.forwarded.push_back("--tdc_implementation=" + *v);
@@ -198,8 +197,10 @@ std::vector<Binary> select_binaries(const Options& o) {
   if (o.kind) return of_kind(*o.kind);
   auto conformance = of_kind("conformance");
   if (!conformance.empty()) return conformance;
-  fmt::print(stderr, "tdc run: note: no conformance test binaries in {} yet; running the unit "
-                     "suites (--kind unit)\n", manifest.string());
+  fmt::print(stderr,
+             "tdc run: note: no conformance test binaries in {} yet; running the unit "
+             "suites (--kind unit)\n",
+             manifest.string());
   return of_kind("unit");
 }
 
@@ -232,7 +233,7 @@ std::vector<std::string> parse_test_list(const std::string& text) {
 struct BinaryOutcome {
   std::vector<TestResult> tests;
   std::set<std::string> with_log_tail;  // records made here, whose message already has the log
-  std::optional<RunResults> results;  // the binary's own results file, when it wrote one
+  std::optional<RunResults> results;    // the binary's own results file, when it wrote one
   bool interrupted = false;
 };
 
@@ -256,8 +257,7 @@ class BinaryRunner {
       throw std::runtime_error(fmt::format("pipe: {}", std::strerror(errno)));
     }
     constexpr int kChildEventsFd = 3;
-    std::vector<std::string> argv = {b.path.string(), "--gtest_filter=" + o_.filter,
-                                     "--tdc_results=" + raw.string(),
+    std::vector<std::string> argv = {b.path.string(), "--gtest_filter=" + o_.filter, "--tdc_results=" + raw.string(),
                                      fmt::format("--tdc_events_fd={}", kChildEventsFd)};
     argv.insert(argv.end(), o_.forwarded.begin(), o_.forwarded.end());
     {
@@ -323,8 +323,10 @@ class BinaryRunner {
     int status = child.wait();
     double duration = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (child.left_processes())
-      progress_.note(fmt::format("warning: {} left processes running in its process group after "
-                                 "it exited; tdc killed them", b.name));
+      progress_.note(
+          fmt::format("warning: {} left processes running in its process group after "
+                      "it exited; tdc killed them",
+                      b.name));
 
     BinaryOutcome out;
     out.interrupted = was_interrupted;
@@ -340,8 +342,7 @@ class BinaryRunner {
     }
     std::string tail = file_tail(log, 30);
     bool clean_exit = WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 1);
-    std::string how = idle_killed ? fmt::format("was killed after {:.0f} s without a test event",
-                                                o_.idle_timeout_s)
+    std::string how = idle_killed ? fmt::format("was killed after {:.0f} s without a test event", o_.idle_timeout_s)
                       : was_interrupted ? "was interrupted"
                                         : describe_exit(status);
     Status crash_status = idle_killed ? Status::Timeout : Status::Crash;
@@ -353,10 +354,9 @@ class BinaryRunner {
     if (out.results) {
       out.tests = out.results->tests;
       if (!clean_exit || idle_killed)
-        add_with_log(make_record(
-            b.name, "(binary)", crash_status, duration,
-            fmt::format("{} {} after writing its results; log {}:\n{}", b.name, how, log.string(),
-                        tail)));
+        add_with_log(
+            make_record(b.name, "(binary)", crash_status, duration,
+                        fmt::format("{} {} after writing its results; log {}:\n{}", b.name, how, log.string(), tail)));
       return out;
     }
     // No usable results file: keep what the event stream reported, then say what happened.
@@ -368,19 +368,17 @@ class BinaryRunner {
     if (running_) {
       auto [suite, name] = split_id(*running_);
       double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - running_since_).count();
-      add_with_log(make_record(
-          suite, name, crash_status, t,
-          fmt::format("{} {} while running this test ({}); log {}:\n{}", b.name, how,
-                      results_error, log.string(), tail)));
+      add_with_log(make_record(suite, name, crash_status, t,
+                               fmt::format("{} {} while running this test ({}); log {}:\n{}", b.name, how,
+                                           results_error, log.string(), tail)));
       ++reported;
     }
     if (!running_ || (clean_exit && !idle_killed && !was_interrupted)) {
-      add_with_log(make_record(
-          b.name, "(binary)", clean_exit && !was_interrupted ? Status::Fail : crash_status,
-          duration,
-          fmt::format("{} {} without usable results ({}); {} of {} listed tests reported; log "
-                      "{}:\n{}",
-                      b.name, how, results_error, reported, b.tests.size(), log.string(), tail)));
+      add_with_log(make_record(b.name, "(binary)", clean_exit && !was_interrupted ? Status::Fail : crash_status,
+                               duration,
+                               fmt::format("{} {} without usable results ({}); {} of {} listed tests reported; log "
+                                           "{}:\n{}",
+                                           b.name, how, results_error, reported, b.tests.size(), log.string(), tail)));
     }
     return out;
   }
@@ -415,8 +413,8 @@ class BinaryRunner {
         }
       } catch (const std::exception& ex) {
         if (!warned_)
-          progress_.note(fmt::format("warning: ignoring a malformed progress event ({}): {}",
-                                     ex.what(), line.substr(0, 200)));
+          progress_.note(
+              fmt::format("warning: ignoring a malformed progress event ({}): {}", ex.what(), line.substr(0, 200)));
         warned_ = true;
       }
     }
@@ -464,8 +462,7 @@ void preflight(const std::vector<Binary>& binaries, const Options& o) {
     std::vector<std::string> argv = {b.path.string(), "--tdc_preflight"};
     argv.insert(argv.end(), o.forwarded.begin(), o.forwarded.end());
     Captured c = capture(argv, true, 120);
-    if (c.timed_out)
-      throw UsageError(fmt::format("preflight: '{}' did not answer within 120 s", b.path.string()));
+    if (c.timed_out) throw UsageError(fmt::format("preflight: '{}' did not answer within 120 s", b.path.string()));
     std::string out = c.output;
     while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
     if (WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) return;
@@ -503,9 +500,9 @@ std::vector<TestResult> merge_repeats(const std::vector<std::vector<TestResult>>
       std::vector<std::string> parts;
       for (const auto& [status, n] : counts) parts.push_back(fmt::format("{} x{}", status, n));
       merged.status = Status::Flaky;
-      merged.message = fmt::format("statuses over {} repeats: {}; repeat {} ended {}:\n{}", runs.size(),
-                                   fmt::join(parts, ", "), shown->first,
-                                   harness::to_string(shown->second->status), shown->second->message);
+      merged.message =
+          fmt::format("statuses over {} repeats: {}; repeat {} ended {}:\n{}", runs.size(), fmt::join(parts, ", "),
+                      shown->first, harness::to_string(shown->second->status), shown->second->message);
     }
     out.push_back(std::move(merged));
   }
@@ -532,8 +529,7 @@ int run_command(const std::vector<std::string>& args) {
   for (const char* sub : {"logs", "raw"}) {
     std::error_code ec;
     fs::create_directories(o.out / sub, ec);
-    if (ec)
-      throw UsageError(fmt::format("cannot create '{}': {}", (o.out / sub).string(), ec.message()));
+    if (ec) throw UsageError(fmt::format("cannot create '{}': {}", (o.out / sub).string(), ec.message()));
   }
 
   // Count first, so progress can say done/total. A binary that cannot list is a failure.
@@ -547,8 +543,7 @@ int run_command(const std::vector<std::string>& args) {
                                                 b.path.string(), b.kind, o.build.string(), b.name)));
       continue;
     }
-    Captured c = capture({b.path.string(), "--gtest_list_tests", "--gtest_filter=" + o.filter},
-                         true, 120);
+    Captured c = capture({b.path.string(), "--gtest_list_tests", "--gtest_filter=" + o.filter}, true, 120);
     if (interrupted()) break;
     if (c.timed_out || !WIFEXITED(c.status) || WEXITSTATUS(c.status) != 0) {
       records.push_back(make_record(
@@ -561,8 +556,9 @@ int run_command(const std::vector<std::string>& args) {
     b.tests = parse_test_list(c.output);
     total += static_cast<int>(b.tests.size());
   }
-  fmt::print(stderr, "tdc run: {} tests in {} binaries (filter '{}', backend {}, device {}, "
-                     "launcher {}) -> {}\n",
+  fmt::print(stderr,
+             "tdc run: {} tests in {} binaries (filter '{}', backend {}, device {}, "
+             "launcher {}) -> {}\n",
              total, binaries.size(), o.filter, o.backend, o.device, o.launcher, o.out.string());
 
   if (o.repeat > 1) fmt::print(stderr, "tdc run: every test {} times (--repeat)\n", o.repeat);
@@ -642,8 +638,7 @@ int run_command(const std::vector<std::string>& args) {
 
   int code = merged.ok() ? kExitOk : kExitFailed;
   if (merged.tests.empty()) {
-    fmt::print(stderr, "tdc run: no tests matched --filter '{}' in the {} binaries\n", o.filter,
-               binaries.size());
+    fmt::print(stderr, "tdc run: no tests matched --filter '{}' in the {} binaries\n", o.filter, binaries.size());
     code = kExitFailed;
   }
   if (o.check) {
@@ -651,8 +646,7 @@ int run_command(const std::vector<std::string>& args) {
       fmt::print(stderr, "tdc run: check failed: {}\n", *err);
       code = kExitFailed;
     } else {
-      fmt::print("check:   results.json ({} tests) and junit.xml re-read and valid\n",
-                 merged.tests.size());
+      fmt::print("check:   results.json ({} tests) and junit.xml re-read and valid\n", merged.tests.size());
     }
   }
   if (was_interrupted) return kExitInterrupted;

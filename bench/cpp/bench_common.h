@@ -28,7 +28,8 @@ namespace tdc::bench {
 // "step_ms" to `result_path`), prints `label` then the outcome on one progress line, and returns
 // the parsed result; nullopt (with the reason printed) when the case failed or wrote nothing.
 inline std::optional<nlohmann::json> run_case_and_read(const harness::LaunchSpec& spec, const std::string& label,
-                                                       const std::string& result_path, const std::function<void()>& body) {
+                                                       const std::string& result_path,
+                                                       const std::function<void()>& body) {
   fmt::print(stderr, "{} ... ", label);
   auto t0 = std::chrono::steady_clock::now();
   harness::Outcome o = harness::launch(spec, body);
@@ -85,8 +86,8 @@ struct Args {
 // the program's usage on a bad argument, 0 after --help.
 inline Args parse_args(int argc, char** argv, const std::string& program, int default_repeat,
                        const std::string& repeat_meaning) {
-  const std::string usage = fmt::format("usage: {} --out FILE [--repeat N]   (N {}, default {})",
-                                        program, repeat_meaning, default_repeat);
+  const std::string usage =
+      fmt::format("usage: {} --out FILE [--repeat N]   (N {}, default {})", program, repeat_meaning, default_repeat);
   auto fail = [&](const std::string& what) {
     fmt::print(stderr, "{}: error: {}\n{}\n", program, what, usage);
     std::exit(2);

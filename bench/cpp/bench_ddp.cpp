@@ -58,7 +58,6 @@ struct ModelCase {
 
 using namespace tdc::bench::models;
 
-
 at::Tensor loss_of(const at::Tensor& y, const at::Tensor& target) {
   if (target.scalar_type() == at::kLong) return at::cross_entropy_loss(y.flatten(0, 1), target.flatten());
   return at::mse_loss(y, target);
@@ -105,9 +104,8 @@ void run_case(const ModelCase& m, bool use_ddp, int repeat, const std::string& r
     if (i >= kWarmup) ms.push_back(t);
   }
   if (rank != 0) return;
-  json r = {{"step_ms", tdc::bench::median(ms)},
-            {"buckets", ddp ? ddp->last_backward().buckets : 0},
-            {"params", numel}};
+  json r = {
+      {"step_ms", tdc::bench::median(ms)}, {"buckets", ddp ? ddp->last_backward().buckets : 0}, {"params", numel}};
   std::ofstream(result) << r.dump() << "\n";
 }
 
@@ -138,7 +136,8 @@ int main(int argc, char** argv) {
     spec.world_size = world;
     spec.launcher = tdc::harness::Launcher::Fork;
     spec.timeout_s = 120 + 2.0 * repeat;
-    const std::string label = fmt::format("[{}/{}] {:<11} {:<6} world {}", done + 1, total, m.name, use_ddp ? "ddp" : "single", world);
+    const std::string label =
+        fmt::format("[{}/{}] {:<11} {:<6} world {}", done + 1, total, m.name, use_ddp ? "ddp" : "single", world);
     auto j = tdc::bench::run_case_and_read(spec, label, result, [&] { run_case(m, use_ddp, repeat, result); });
     ++done;
     return j;
@@ -148,13 +147,18 @@ int main(int argc, char** argv) {
   bool ok = true;
   for (const ModelCase& m : kModels) {
     auto single = run(m, 1, false);
-    if (!single) { ok = false; break; }
+    if (!single) {
+      ok = false;
+      break;
+    }
     double single_ms = (*single)["step_ms"].get<double>();
-    models[m.name] = {{"global_batch", m.global_batch}, {"params", (*single)["params"]},
-                      {"single_step_ms", single_ms}};
+    models[m.name] = {{"global_batch", m.global_batch}, {"params", (*single)["params"]}, {"single_step_ms", single_ms}};
     for (int world : kWorldSizes) {
       auto d = run(m, world, true);
-      if (!d) { ok = false; break; }
+      if (!d) {
+        ok = false;
+        break;
+      }
       double ddp_ms = (*d)["step_ms"].get<double>();
       cases[m.name][std::to_string(world)] = {{"ddp_step_ms", ddp_ms},
                                               {"single_step_ms", single_ms},
@@ -179,8 +183,7 @@ int main(int argc, char** argv) {
       {"bucket_cap_mb", tdc::ddp::DDPOptions{}.bucket_cap_mb},
       {"host", tdc::harness::hostname()},
       {"cpus", static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN))},
-      {"libtorch_version",
-       fmt::format("{}.{}.{}", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH)},
+      {"libtorch_version", fmt::format("{}.{}.{}", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH)},
       {"started_at", started_at},
       {"duration_s", std::chrono::duration<double>(Clock::now() - bench_start).count()},
   };

@@ -84,9 +84,8 @@ at::Tensor loss_of(const at::Tensor& y, const at::Tensor& target) {
 }
 
 const json kMlpConfig = {{"mlp_dim", kMlpDim}, {"loss", "mse"}};
-const json kTfConfig = {{"n_layers", 2}, {"vocab_size", 512}, {"max_seq_len", 64}, {"dim", 128},
-                        {"n_heads", 4},  {"dropout_p", 0.0},  {"weight_tying", true},
-                        {"loss", "cross_entropy"}};
+const json kTfConfig = {{"n_layers", 2}, {"vocab_size", 512}, {"max_seq_len", 64},    {"dim", 128},
+                        {"n_heads", 4},  {"dropout_p", 0.0},  {"weight_tying", true}, {"loss", "cross_entropy"}};
 
 const ModelCase kModels[] = {
     {"MLPStack", 64, &make_mlp_stack, &mlp_inputs, &mlp_target, &shard_mlp_stack, kMlpConfig},
@@ -100,10 +99,14 @@ const ModelCase kModels[] = {
 enum class Mode { Single, Ddp, Fsdp, FsdpNoChecks };
 const char* mode_name(Mode m) {
   switch (m) {
-    case Mode::Single: return "single";
-    case Mode::Ddp: return "ddp";
-    case Mode::Fsdp: return "fsdp";
-    case Mode::FsdpNoChecks: return "fsdp-nochecks";
+    case Mode::Single:
+      return "single";
+    case Mode::Ddp:
+      return "ddp";
+    case Mode::Fsdp:
+      return "fsdp";
+    case Mode::FsdpNoChecks:
+      return "fsdp-nochecks";
   }
   return "?";
 }
@@ -143,8 +146,7 @@ void run_case(const ModelCase& m, Mode mode, int repeat, const std::string& resu
     if (i >= kWarmup) ms.push_back(t);
   }
   if (rank != 0) return;
-  json r = {{"step_ms", tdc::bench::median(ms)}, {"p90_ms", tdc::bench::percentile(ms, 0.9)},
-            {"params", numel}};
+  json r = {{"step_ms", tdc::bench::median(ms)}, {"p90_ms", tdc::bench::percentile(ms, 0.9)}, {"params", numel}};
   std::ofstream(result) << r.dump() << "\n";
 }
 
@@ -175,7 +177,8 @@ int main(int argc, char** argv) {
     spec.world_size = world;
     spec.launcher = tdc::harness::Launcher::Fork;
     spec.timeout_s = 120 + 2.0 * repeat;
-    const std::string label = fmt::format("[tdc {}/{}] {:<11} {:<13} world {}", done + 1, total, m.name, mode_name(mode), world);
+    const std::string label =
+        fmt::format("[tdc {}/{}] {:<11} {:<13} world {}", done + 1, total, m.name, mode_name(mode), world);
     auto j = tdc::bench::run_case_and_read(spec, label, result, [&] { run_case(m, mode, repeat, result); });
     ++done;
     return j;
@@ -185,21 +188,27 @@ int main(int argc, char** argv) {
   bool ok = true;
   for (const ModelCase& m : kModels) {
     auto single = run(m, 1, Mode::Single);
-    if (!single) { ok = false; break; }
+    if (!single) {
+      ok = false;
+      break;
+    }
     double single_ms = (*single)["step_ms"].get<double>();
-    models[m.name] = {{"global_batch", m.global_batch}, {"params", (*single)["params"]},
-                      {"single_step_ms", single_ms}, {"config", m.config}};
+    models[m.name] = {{"global_batch", m.global_batch},
+                      {"params", (*single)["params"]},
+                      {"single_step_ms", single_ms},
+                      {"config", m.config}};
     for (int world : kWorldSizes) {
       auto d = run(m, world, Mode::Ddp);
       auto f = d ? run(m, world, Mode::Fsdp) : std::nullopt;
       auto fn = f ? run(m, world, Mode::FsdpNoChecks) : std::nullopt;
-      if (!d || !f || !fn) { ok = false; break; }
-      cases[m.name][std::to_string(world)] = {{"local_batch", m.global_batch / world},
-                                              {"single_step_ms", single_ms},
-                                              {"ddp_step_ms", (*d)["step_ms"]},
-                                              {"tdc_fsdp_step_ms", (*f)["step_ms"]},
-                                              {"tdc_fsdp_p90_ms", (*f)["p90_ms"]},
-                                              {"tdc_fsdp_nochecks_step_ms", (*fn)["step_ms"]}};
+      if (!d || !f || !fn) {
+        ok = false;
+        break;
+      }
+      cases[m.name][std::to_string(world)] = {
+          {"local_batch", m.global_batch / world}, {"single_step_ms", single_ms},
+          {"ddp_step_ms", (*d)["step_ms"]},        {"tdc_fsdp_step_ms", (*f)["step_ms"]},
+          {"tdc_fsdp_p90_ms", (*f)["p90_ms"]},     {"tdc_fsdp_nochecks_step_ms", (*fn)["step_ms"]}};
     }
     if (!ok) break;
   }
@@ -219,8 +228,7 @@ int main(int argc, char** argv) {
       {"comm_argument_checks", "on (tdc's default) except in tdc_fsdp_nochecks_step_ms"},
       {"host", tdc::harness::hostname()},
       {"cpus", static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN))},
-      {"libtorch_version",
-       fmt::format("{}.{}.{}", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH)},
+      {"libtorch_version", fmt::format("{}.{}.{}", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH)},
       {"started_at", started_at},
       {"duration_s", std::chrono::duration<double>(Clock::now() - bench_start).count()},
   };

@@ -54,8 +54,7 @@ void all_reduce_body() {
   tdc::comm::all_reduce(t);
   // A wrong sum means the benchmark measured something broken: fail the launch.
   if (t[0].item<float>() != static_cast<float>(kWorldSize))
-    throw std::runtime_error(fmt::format("all_reduce: expected {} everywhere, got {}", kWorldSize,
-                                         t[0].item<float>()));
+    throw std::runtime_error(fmt::format("all_reduce: expected {} everywhere, got {}", kWorldSize, t[0].item<float>()));
 }
 
 const Case kCases[] = {{"empty", &empty_body}, {"all_reduce", &all_reduce_body}};
@@ -63,7 +62,8 @@ const Case kCases[] = {{"empty", &empty_body}, {"all_reduce", &all_reduce_body}}
 }  // namespace
 
 int main(int argc, char** argv) {
-  const tdc::bench::Args args = tdc::bench::parse_args(argc, argv, "tdc_bench_harness", 20, "timed launches per case and launcher");
+  const tdc::bench::Args args =
+      tdc::bench::parse_args(argc, argv, "tdc_bench_harness", 20, "timed launches per case and launcher");
   const std::string& out_path = args.out;
   const int repeat = args.repeat;
 
@@ -91,22 +91,22 @@ int main(int argc, char** argv) {
         tdc::harness::Outcome outcome = tdc::harness::launch(spec, c.body);
         double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         if (outcome.status != tdc::harness::Status::Pass) {
-          fmt::print(stderr, "\ntdc_bench_harness: {} launch of case '{}' (#{}) ended {}: {}\n", lname,
-                     c.name, i, tdc::harness::to_string(outcome.status), outcome.message);
+          fmt::print(stderr, "\ntdc_bench_harness: {} launch of case '{}' (#{}) ended {}: {}\n", lname, c.name, i,
+                     tdc::harness::to_string(outcome.status), outcome.message);
           return 1;
         }
         if (i > 0) ms.push_back(t);
         ++done;
-        std::string line = fmt::format("[{}/{}] {:<6} {:<10} #{:<3} {:7.1f} ms  (median so far {:.1f} ms)",
-                                       done, total, lname, c.name, i, t, tdc::bench::median(ms));
+        std::string line = fmt::format("[{}/{}] {:<6} {:<10} #{:<3} {:7.1f} ms  (median so far {:.1f} ms)", done, total,
+                                       lname, c.name, i, t, tdc::bench::median(ms));
         if (tty)
           fmt::print(stderr, "\r\x1b[K{}", line);
         else if (i == repeat)
           fmt::print(stderr, "{}\n", line);
       }
       double med = tdc::bench::median(ms);
-      cases[lname][c.name] = {{"median_ms", med}, {"p90_ms", tdc::bench::percentile(ms, 0.9)},
-                              {"n", static_cast<int>(ms.size())}};
+      cases[lname][c.name] = {
+          {"median_ms", med}, {"p90_ms", tdc::bench::percentile(ms, 0.9)}, {"n", static_cast<int>(ms.size())}};
       if (std::string(c.name) == "all_reduce") all_reduce_median[lname] = med;
     }
   }
@@ -120,11 +120,9 @@ int main(int argc, char** argv) {
       {"repeat", repeat},
       {"targets", {{"fork_ms_per_test", kTargetForkMs}, {"thread_ms_per_test", kTargetThreadMs}}},
       {"host", tdc::harness::hostname()},
-      {"libtorch_version",
-       fmt::format("{}.{}.{}", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH)},
+      {"libtorch_version", fmt::format("{}.{}.{}", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH)},
       {"started_at", started_at},
-      {"duration_s",
-       std::chrono::duration<double>(std::chrono::steady_clock::now() - bench_start).count()},
+      {"duration_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - bench_start).count()},
   };
   try {
     std::filesystem::path parent = std::filesystem::path(out_path).parent_path();

@@ -29,7 +29,9 @@ inline tdc::fixtures::ModelArgs transformer_args() {
   a.dropout_p = 0.0;
   return a;
 }
-inline tdc::nn::ModulePtr make_transformer() { return std::make_shared<tdc::fixtures::Transformer>(transformer_args()); }
+inline tdc::nn::ModulePtr make_transformer() {
+  return std::make_shared<tdc::fixtures::Transformer>(transformer_args());
+}
 inline tdc::nn::Tensors tf_inputs(int64_t b, at::Generator& g) {
   auto a = transformer_args();
   return {at::randint(a.vocab_size, {b, a.max_seq_len}, g)};

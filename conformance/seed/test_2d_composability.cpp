@@ -70,8 +70,7 @@ void _test_train_parity_2d_mlp(const DeviceMesh& global_mesh, bool reshard_after
   ref_model->to(fixtures::device());
   ddp::replicate(*ref_model, dp_pg);
   torch::optim::Adam ref_optim(ref_model->params(), torch::optim::AdamOptions(1e-2));
-  model->parallelize(tp_mesh, dp_mesh, use_activation_checkpointing,
-                     {.reshard_after_forward = reshard_after_forward});
+  model->parallelize(tp_mesh, dp_mesh, use_activation_checkpointing, {.reshard_after_forward = reshard_after_forward});
   torch::optim::Adam optim(model->params(), torch::optim::AdamOptions(1e-2));
 
   // torch.manual_seed(42 + dp_pg.rank() + 1), on a generator of this rank's own: the same numbers
@@ -95,8 +94,7 @@ TDC_DIST_TEST(TestFullyShard2DTraining, test_train_parity_2d_mlp, .world_size = 
   TDC_REQUIRE_CAPABILITY("fsdp2");
   DeviceMesh global_mesh = init_global_mesh();
   harness::subtests(Axis<bool>("reshard_after_forward", {false, true}),
-                    Axis<bool>("use_activation_checkpointing", {false, true}),
-                    Axis<int64_t>("mlp_dim", {3, 16, 17}),
+                    Axis<bool>("use_activation_checkpointing", {false, true}), Axis<int64_t>("mlp_dim", {3, 16, 17}),
                     std::bind_front(_test_train_parity_2d_mlp, global_mesh));
 }
 
@@ -140,7 +138,8 @@ void _test_train_parity_2d_transformer(bool use_shard_placement_fn) {
     auto got = tensor::named_params_with_specs(*model);
     auto want = ref_model->named_params();
     ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < got.size(); ++i) ASSERT_TRUE(assert_equal(got[i].full(), want[i].second)) << when + " '" + got[i].fqn + "'";
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_TRUE(assert_equal(got[i].full(), want[i].second)) << when + " '" + got[i].fqn + "'";
   };
   check_params("before training:");
 
@@ -164,8 +163,8 @@ void _test_train_parity_2d_transformer(bool use_shard_placement_fn) {
     auto got = tensor::named_params_with_specs(*model);
     auto want = ref_model->named_params();
     for (size_t i = 0; i < got.size(); ++i) {
-      ASSERT_TRUE(assert_equal(got[i].full_grad(), want[i].second.grad())) << "gradient of '" + got[i].fqn + "' at iteration " +
-                                                                  std::to_string(iter_idx);
+      ASSERT_TRUE(assert_equal(got[i].full_grad(), want[i].second.grad()))
+          << "gradient of '" + got[i].fqn + "' at iteration " + std::to_string(iter_idx);
     }
     ref_optim.step();
     optim.step();

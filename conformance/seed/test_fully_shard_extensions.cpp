@@ -215,8 +215,8 @@ void _test_all_gather_extensions_train_parity(int version, bool reshard_after_fo
   }
 }
 
-TDC_DIST_TEST(TestFullyShardAllGatherExtensionsMultiProcess, test_all_gather_extensions_train_parity,
-              .world_size = 2, .timeout_s = 120) {
+TDC_DIST_TEST(TestFullyShardAllGatherExtensionsMultiProcess, test_all_gather_extensions_train_parity, .world_size = 2,
+              .timeout_s = 120) {
   TDC_REQUIRE_CAPABILITY("fsdp2.all_gather_extensions");
   conformance::world();
   for (int version : {1, 2}) {
@@ -238,8 +238,8 @@ void _test_all_gather_extensions_end_to_end(int version, bool reshard_after_forw
   auto model = init_two_tensor_mlp();
   nn::to_empty(*model, at::kMeta);  // "under the meta device": LibTorch has no meta-device context
   for (auto& p : model->params()) ASSERT_TRUE(p.is_meta());
-  fully_shard_stack(*model, {.reshard_after_forward = reshard_after_forward,
-                             .mp_policy = {.param_dtype = at::kBFloat16}});
+  fully_shard_stack(*model,
+                    {.reshard_after_forward = reshard_after_forward, .mp_policy = {.param_dtype = at::kBFloat16}});
   nn::to_empty(*model, at::kCPU);
   trunc_normal_init(*model);
   make_two_tensor_shards(*model, {}, version);
@@ -362,11 +362,13 @@ TDC_DIST_TEST(TestFullyShardAllGatherExtensionsMultiThread, test_all_gather_exte
   auto model = std::make_shared<fixtures::MLP>(3, /*bias=*/true, /*with_buffer=*/false, /*dim_multiplier=*/3);
   fsdp::fully_shard(*model, {.reshard_after_forward = false});  // True is upstream issue 154836
   for (auto& [fqn, p] : model->named_params()) {
-    if (fqn.find("weight") != std::string::npos) fsdp::set_all_gather_extension(*model, fqn, bf16_all_gather_extension());
+    if (fqn.find("weight") != std::string::npos)
+      fsdp::set_all_gather_extension(*model, fqn, bf16_all_gather_extension());
   }
   // The uneven layouts the test is about (8 ranks): in_proj (9, 3) -> shards of 2, 2, 2, 2, 1, 0,
   // 0, 0 rows padded to 2; out_proj (3, 9) -> 1 row on ranks 0-2, none on 3-7, padded to 1.
-  EXPECT_EQ(tensor::param_dtensor(*model, "in_proj.weight")->to_local().size(0), std::max<int64_t>(0, std::min<int64_t>(2, 9 - 2 * ctx().rank)));
+  EXPECT_EQ(tensor::param_dtensor(*model, "in_proj.weight")->to_local().size(0),
+            std::max<int64_t>(0, std::min<int64_t>(2, 9 - 2 * ctx().rank)));
   EXPECT_EQ(tensor::param_dtensor(*model, "out_proj.weight")->to_local().size(0), ctx().rank < 3 ? 1 : 0);
   torch::optim::AdamW optim(model->params(), torch::optim::AdamWOptions(1e-2));  // fused: a GPU path (E.3)
   auto gen = at::make_generator<at::CPUGeneratorImpl>(42 + ctx().rank + 1);
@@ -382,8 +384,8 @@ TDC_DIST_TEST(TestFullyShardAllGatherExtensionsMultiThread, test_all_gather_exte
   TDC_REQUIRE_CAPABILITY("fsdp2.all_gather_extensions");
   conformance::world();
   const int64_t replicate_size = 2;
-  DeviceMesh mesh = init_device_mesh("cpu", {replicate_size, ctx().world_size / replicate_size},
-                                     {"dp_replicate", "dp_shard"});
+  DeviceMesh mesh =
+      init_device_mesh("cpu", {replicate_size, ctx().world_size / replicate_size}, {"dp_replicate", "dp_shard"});
   two = TwoBuffers{};
   auto model = init_two_tensor_mlp();
   fully_shard_stack(*model, {.mesh = mesh});

@@ -9,8 +9,7 @@
 
 namespace tdc::conformance {
 
-::testing::AssertionResult all_close(const at::Tensor& actual, const at::Tensor& expected, double rtol,
-                                     double atol) {
+::testing::AssertionResult all_close(const at::Tensor& actual, const at::Tensor& expected, double rtol, double atol) {
   if (!actual.defined()) return ::testing::AssertionFailure() << "the tensor is undefined";
   if (!expected.defined()) return ::testing::AssertionFailure() << "the reference tensor is undefined";
   if (actual.sizes() != expected.sizes())
@@ -46,8 +45,8 @@ void sync_from_rank0(nn::Module& model) {
   for (size_t i = 0; i < got.size(); ++i) {
     const std::string& fqn = got[i].fqn;
     if (fqn != want[i].first)
-      return ::testing::AssertionFailure() << "parameter " << i << " is '" << fqn << "' but the reference's is '"
-                                           << want[i].first << "'";
+      return ::testing::AssertionFailure()
+             << "parameter " << i << " is '" << fqn << "' but the reference's is '" << want[i].first << "'";
     if (!got[i].dtensor) return ::testing::AssertionFailure() << "'" << fqn << "' is not a DTensor";
     const tensor::DTensorSpec& spec = got[i].dtensor->spec();
     auto chunk = [&](const at::Tensor& full) {

@@ -39,16 +39,17 @@ nlohmann::json load_and_check(const std::filesystem::path& path) {
     throw std::runtime_error(fmt::format("golden file '{}' is not a JSON object; {}", path.string(), how));
   const std::string theirs = j.value("cpu_capability", std::string("(none recorded)"));
   if (theirs != cpu_capability())
-    throw std::runtime_error(fmt::format(
-        "golden file '{}' was computed under ATen CPU capability {} but this process runs {} "
-        "(ATEN_CPU_CAPABILITY='{}'): the kernels differ, so its numbers do not apply; {}",
-        path.string(), theirs, cpu_capability(),
-        std::getenv("ATEN_CPU_CAPABILITY") ? std::getenv("ATEN_CPU_CAPABILITY") : "", how));
+    throw std::runtime_error(
+        fmt::format("golden file '{}' was computed under ATen CPU capability {} but this process runs {} "
+                    "(ATEN_CPU_CAPABILITY='{}'): the kernels differ, so its numbers do not apply; {}",
+                    path.string(), theirs, cpu_capability(),
+                    std::getenv("ATEN_CPU_CAPABILITY") ? std::getenv("ATEN_CPU_CAPABILITY") : "", how));
   const std::string torch = j.value("torch", std::string("(none recorded)"));
   if (torch.rfind(TORCH_VERSION, 0) != 0)
-    throw std::runtime_error(fmt::format("golden file '{}' was computed by torch {} but tdc is built "
-                                         "against LibTorch {}; {}",
-                                         path.string(), torch, TORCH_VERSION, how));
+    throw std::runtime_error(
+        fmt::format("golden file '{}' was computed by torch {} but tdc is built "
+                    "against LibTorch {}; {}",
+                    path.string(), torch, TORCH_VERSION, how));
   return j;
 }
 

@@ -9,9 +9,9 @@ namespace {
 // What the reference implementation (libtdc) supports today; conformance tests that need more
 // report NOT_SUPPORTED (docs/plugging-in.md). Grows with each issue that lands a component.
 const bool declared = [] {
-  harness::declare_capabilities("tdc", {"comm", "device_mesh", "dtensor", "tp", "ddp", "ddp.tp_pre_transform", "fsdp2",
-                                          "fsdp2.cpu_offload", "fsdp2.mixed_precision", "fsdp2.hsdp",
-                                          "fsdp2.all_gather_extensions"});
+  harness::declare_capabilities(
+      "tdc", {"comm", "device_mesh", "dtensor", "tp", "ddp", "ddp.tp_pre_transform", "fsdp2", "fsdp2.cpu_offload",
+              "fsdp2.mixed_precision", "fsdp2.hsdp", "fsdp2.all_gather_extensions"});
   return true;
 }();
 
@@ -21,11 +21,11 @@ void check_backend(const harness::PreflightSettings& s) {
   auto& registry = comm::BackendRegistry::instance();
   if (!s.backend_lib.empty()) registry.load_plugin(s.backend_lib);  // throws naming the library
   if (!registry.has(s.backend))
-    throw std::invalid_argument(fmt::format(
-        "backend '{}': unknown c10d backend (known here: {}{}); a backend from a plug-in needs "
-        "its library (tdc run --backend-lib LIB)",
-        s.backend, fmt::join(registry.names(), ", "),
-        s.backend_lib.empty() ? "" : fmt::format(", after loading {}", s.backend_lib)));
+    throw std::invalid_argument(
+        fmt::format("backend '{}': unknown c10d backend (known here: {}{}); a backend from a plug-in needs "
+                    "its library (tdc run --backend-lib LIB)",
+                    s.backend, fmt::join(registry.names(), ", "),
+                    s.backend_lib.empty() ? "" : fmt::format(", after loading {}", s.backend_lib)));
 }
 const bool preflight_registered = [] {
   harness::register_preflight(&check_backend);

@@ -32,8 +32,8 @@ using tdc::harness::ctx;
 using tdc::harness::Params;
 using ::testing::HasSubstr;
 
-const std::vector<tdc::harness::ParamValue> kDtypes{std::string("f32"), std::string("f64"),
-                                                    std::string("bf16"), std::string("f16")};
+const std::vector<tdc::harness::ParamValue> kDtypes{std::string("f32"), std::string("f64"), std::string("bf16"),
+                                                    std::string("f16")};
 at::ScalarType dtype_of(const std::string& s) {
   if (s == "f32") return at::kFloat;
   if (s == "f64") return at::kDouble;
@@ -57,10 +57,14 @@ double dtype_tol(const at::Tensor& t) {
 at::Tensor reduce_f64(const std::vector<at::Tensor>& xs, ReduceOp op) {
   at::Tensor stacked = at::stack(xs);
   switch (op) {
-    case ReduceOp::SUM: return stacked.sum(0);
-    case ReduceOp::AVG: return stacked.mean(0);
-    case ReduceOp::MAX: return std::get<0>(stacked.max(0));
-    case ReduceOp::MIN: return std::get<0>(stacked.min(0));
+    case ReduceOp::SUM:
+      return stacked.sum(0);
+    case ReduceOp::AVG:
+      return stacked.mean(0);
+    case ReduceOp::MAX:
+      return std::get<0>(stacked.max(0));
+    case ReduceOp::MIN:
+      return std::get<0>(stacked.min(0));
   }
   return {};
 }
@@ -71,8 +75,7 @@ ReduceOp op_of(const std::string& s) {
 // One collective, checked against the local ground truth. `op` names the collective (and its
 // reduce op); `g` is the group it runs on, `emulated` a group of the same ranks that uses tdc's
 // emulations for AVG and reduce-scatter.
-void check_collective(const std::string& op, at::ScalarType dt, const GroupPtr& g,
-                      const GroupPtr& emulated) {
+void check_collective(const std::string& op, at::ScalarType dt, const GroupPtr& g, const GroupPtr& emulated) {
   const int n = g->size(), r = g->rank();
   std::vector<at::Tensor> all;
   for (int k = 0; k < n; ++k) all.push_back(input_of(k, {2 * n, 3}));
@@ -89,7 +92,9 @@ void check_collective(const std::string& op, at::ScalarType dt, const GroupPtr& 
     at::Tensor view = base.t();
     ASSERT_FALSE(view.is_contiguous());
     all_reduce(view, rop, g);
-    EXPECT_TRUE(tdc::conformance::all_close(base.t(), reduce_f64(all, rop).to(dt), dtype_tol(base.t()), dtype_tol(base.t()))) << op + " (non-contiguous)";
+    EXPECT_TRUE(
+        tdc::conformance::all_close(base.t(), reduce_f64(all, rop).to(dt), dtype_tol(base.t()), dtype_tol(base.t())))
+        << op + " (non-contiguous)";
   } else if (op == "all_gather_into_tensor") {
     at::Tensor out = at::empty({n * mine.size(0), 3}, mine.options());
     all_gather_into_tensor(out, mine, g);
@@ -99,13 +104,16 @@ void check_collective(const std::string& op, at::ScalarType dt, const GroupPtr& 
     all_gather_into_tensor(stacked, mine.t(), g);
     std::vector<at::Tensor> ts;
     for (auto& x : all) ts.push_back(x.t());
-    EXPECT_TRUE(tdc::conformance::all_close(stacked, at::stack(ts).to(dt), dtype_tol(stacked), dtype_tol(stacked))) << op + " (stacked, non-contiguous input)";
+    EXPECT_TRUE(tdc::conformance::all_close(stacked, at::stack(ts).to(dt), dtype_tol(stacked), dtype_tol(stacked)))
+        << op + " (stacked, non-contiguous input)";
   } else if (op.rfind("reduce_scatter_", 0) == 0) {
     const bool emu = op.rfind("reduce_scatter_emulated_", 0) == 0;
     ReduceOp rop = op_of(suffix(emu ? "reduce_scatter_emulated_" : "reduce_scatter_"));
     at::Tensor out = at::empty({2, 3}, mine.options());
     reduce_scatter_tensor(out, mine, rop, emu ? emulated : g);
-    EXPECT_TRUE(tdc::conformance::all_close(out, reduce_f64(all, rop).chunk(n)[r].to(dt), dtype_tol(out), dtype_tol(out))) << op;
+    EXPECT_TRUE(
+        tdc::conformance::all_close(out, reduce_f64(all, rop).chunk(n)[r].to(dt), dtype_tol(out), dtype_tol(out)))
+        << op;
   } else if (op == "all_to_all_even") {
     at::Tensor out = at::empty_like(mine);
     all_to_all_single(out, mine, {}, {}, g);
@@ -117,7 +125,11 @@ void check_collective(const std::string& op, at::ScalarType dt, const GroupPtr& 
     auto rows = [](int from, int to) -> int64_t { return (from + to) % 3; };
     std::vector<int64_t> in_splits, out_splits;
     for (int j = 0; j < n; ++j) in_splits.push_back(rows(r, j)), out_splits.push_back(rows(j, r));
-    auto input_rows = [&](int k) { int64_t s = 0; for (int j = 0; j < n; ++j) s += rows(k, j); return s; };
+    auto input_rows = [&](int k) {
+      int64_t s = 0;
+      for (int j = 0; j < n; ++j) s += rows(k, j);
+      return s;
+    };
     auto input_of_rank = [&](int k) { return input_of(k, {input_rows(k), 3}, 1); };
     int64_t total_out = 0;
     for (int64_t s : out_splits) total_out += s;
@@ -156,9 +168,12 @@ void check_collective(const std::string& op, at::ScalarType dt, const GroupPtr& 
     wa.wait();
     wa.wait();  // waiting twice is a no-op
     EXPECT_TRUE(wa.done());
-    EXPECT_TRUE(tdc::conformance::all_close(a, reduce_f64(all, ReduceOp::AVG).to(dt), dtype_tol(a), dtype_tol(a))) << "async AVG";
-    EXPECT_TRUE(tdc::conformance::all_close(b, reduce_f64(all, ReduceOp::MAX).to(dt), dtype_tol(b), dtype_tol(b))) << "async MAX";
-    EXPECT_TRUE(tdc::conformance::all_close(gathered, at::cat(all).to(dt), dtype_tol(gathered), dtype_tol(gathered))) << "async all_gather";
+    EXPECT_TRUE(tdc::conformance::all_close(a, reduce_f64(all, ReduceOp::AVG).to(dt), dtype_tol(a), dtype_tol(a)))
+        << "async AVG";
+    EXPECT_TRUE(tdc::conformance::all_close(b, reduce_f64(all, ReduceOp::MAX).to(dt), dtype_tol(b), dtype_tol(b)))
+        << "async MAX";
+    EXPECT_TRUE(tdc::conformance::all_close(gathered, at::cat(all).to(dt), dtype_tol(gathered), dtype_tol(gathered)))
+        << "async all_gather";
   } else if (op == "barrier") {
     barrier(g);
   } else {
@@ -173,8 +188,8 @@ std::vector<tdc::harness::ParamValue> collective_names() {
     ops.push_back(std::string("reduce_scatter_") + rop);
     ops.push_back(std::string("reduce_scatter_emulated_") + rop);
   }
-  for (const char* op : {"all_gather_into_tensor", "all_to_all_even", "all_to_all_uneven",
-                         "broadcast", "send_recv", "async", "barrier"}) {
+  for (const char* op : {"all_gather_into_tensor", "all_to_all_even", "all_to_all_uneven", "broadcast", "send_recv",
+                         "async", "barrier"}) {
     ops.push_back(std::string(op));
   }
   return ops;
@@ -187,7 +202,7 @@ void run_collectives() {
   GroupPtr emulated = new_group(everyone);
   emulated->use_emulations();
   if (world->backend_name() == "gloo") {
-    EXPECT_FALSE(world->native_avg());  // Gloo has no AVG
+    EXPECT_FALSE(world->native_avg());            // Gloo has no AVG
     EXPECT_TRUE(world->native_reduce_scatter());  // probed in LibTorch 2.13: honours the op
   }
   EXPECT_FALSE(emulated->native_reduce_scatter());
@@ -236,20 +251,21 @@ void check_functional(const std::string& fn, at::ScalarType dt, int64_t dim, con
   EXPECT_TRUE(tdc::conformance::all_close(y, expected_y.to(dt), dtype_tol(y), dtype_tol(y))) << fn + " forward";
   (y * weight(r, y.sizes()).to(dt)).sum().backward();
   ASSERT_TRUE(x.grad().defined()) << fn;
-  EXPECT_TRUE(tdc::conformance::all_close(x.grad(), expected_grad.to(dt), dtype_tol(x.grad()), dtype_tol(x.grad()))) << fn + " gradient";
+  EXPECT_TRUE(tdc::conformance::all_close(x.grad(), expected_grad.to(dt), dtype_tol(x.grad()), dtype_tol(x.grad())))
+      << fn + " gradient";
 }
 
 TDC_DIST_TEST(CommTest, FunctionalCollectives, .world_size = 4) {
   GroupPtr world = tdc::conformance::world();
-  tdc::harness::subtests(
-      {{"dtype", kDtypes},
-       {"fn", {std::string("all_gather_tensor"), std::string("reduce_scatter_tensor_SUM"),
-               std::string("reduce_scatter_tensor_AVG"), std::string("all_reduce")}},
-       {"dim", {int64_t{0}, int64_t{1}}}},
-      [&](const Params& p) {
-        check_functional(p.get<std::string>("fn"), dtype_of(p.get<std::string>("dtype")),
-                         p.get<int64_t>("dim"), world);
-      });
+  tdc::harness::subtests({{"dtype", kDtypes},
+                          {"fn",
+                           {std::string("all_gather_tensor"), std::string("reduce_scatter_tensor_SUM"),
+                            std::string("reduce_scatter_tensor_AVG"), std::string("all_reduce")}},
+                          {"dim", {int64_t{0}, int64_t{1}}}},
+                         [&](const Params& p) {
+                           check_functional(p.get<std::string>("fn"), dtype_of(p.get<std::string>("dtype")),
+                                            p.get<int64_t>("dim"), world);
+                         });
 }
 
 TDC_DIST_TEST(CommTest, FunctionalCollectivesWorldSize3, .world_size = 3) {
@@ -273,8 +289,8 @@ TDC_DIST_TEST(CommTest, CommDebugModeCountsEachCollectiveOnce, .world_size = 2) 
     CommDebugMode inner;
     all_gather_into_tensor(gathered, t);
     reduce_scatter_tensor(shard, t, ReduceOp::AVG);
-    EXPECT_EQ(inner.get_comm_counts(), (std::map<std::string, int64_t>{
-                                           {"c10d._allgather_base_", 1}, {"c10d._reduce_scatter_base_", 1}}));
+    EXPECT_EQ(inner.get_comm_counts(),
+              (std::map<std::string, int64_t>{{"c10d._allgather_base_", 1}, {"c10d._reduce_scatter_base_", 1}}));
     EXPECT_EQ(inner.get_comm_bytes().at("c10d._allgather_base_"), 32);
   }
   at::Tensor a2a = at::empty_like(t);
@@ -325,44 +341,80 @@ TDC_DIST_TEST(CommTest, MismatchedArgumentsAreReportedNotHung, .world_size = 4) 
   const int r = world->rank();
   ASSERT_TRUE(argument_checks());
   // Shape: rank 2 disagrees.
-  expect_error([&] { at::Tensor t = at::zeros({4, r == 2 ? 9 : 8}); all_reduce(t); },
-               {"all_reduce on group 'world' (size 4): ranks disagree on the tensor: rank 0 "
-                "float32[4, 8], rank 2 float32[4, 9]"});
+  expect_error(
+      [&] {
+        at::Tensor t = at::zeros({4, r == 2 ? 9 : 8});
+        all_reduce(t);
+      },
+      {"all_reduce on group 'world' (size 4): ranks disagree on the tensor: rank 0 "
+       "float32[4, 8], rank 2 float32[4, 9]"});
   // Dtype: rank 1 and 3 disagree.
-  expect_error([&] { at::Tensor t = at::zeros({3}, r % 2 ? at::kDouble : at::kFloat); broadcast(t, 0); },
-               {"broadcast on group 'world' (size 4): ranks disagree on the tensor: rank 0 "
-                "float32[3], rank 1 float64[3], rank 3 float64[3]"});
+  expect_error(
+      [&] {
+        at::Tensor t = at::zeros({3}, r % 2 ? at::kDouble : at::kFloat);
+        broadcast(t, 0);
+      },
+      {"broadcast on group 'world' (size 4): ranks disagree on the tensor: rank 0 "
+       "float32[3], rank 1 float64[3], rank 3 float64[3]"});
   // The collective itself.
-  expect_error([&] {
-    at::Tensor t = at::zeros({2});
-    if (r == 3) broadcast(t, 0); else all_reduce(t);
-  }, {"ranks disagree on the collective: rank 0 all_reduce, rank 3 broadcast"});
-  expect_error([&] { at::Tensor t = at::zeros({2}); all_reduce(t, r == 1 ? ReduceOp::MAX : ReduceOp::SUM); },
-               {"ranks disagree on the reduce op: rank 0 SUM, rank 1 MAX"});
-  expect_error([&] { at::Tensor t = at::zeros({2}); broadcast(t, r == 0 ? 1 : 0); },
-               {"ranks disagree on the source rank: rank 0 1, rank 1 0"});
+  expect_error(
+      [&] {
+        at::Tensor t = at::zeros({2});
+        if (r == 3)
+          broadcast(t, 0);
+        else
+          all_reduce(t);
+      },
+      {"ranks disagree on the collective: rank 0 all_reduce, rank 3 broadcast"});
+  expect_error(
+      [&] {
+        at::Tensor t = at::zeros({2});
+        all_reduce(t, r == 1 ? ReduceOp::MAX : ReduceOp::SUM);
+      },
+      {"ranks disagree on the reduce op: rank 0 SUM, rank 1 MAX"});
+  expect_error(
+      [&] {
+        at::Tensor t = at::zeros({2});
+        broadcast(t, r == 0 ? 1 : 0);
+      },
+      {"ranks disagree on the source rank: rank 0 1, rank 1 0"});
   // Uneven all-to-all whose split sizes do not pair up.
-  expect_error([&] {
-    at::Tensor in = at::zeros({4, 1}), out = at::zeros({r == 0 ? 5 : 4, 1});
-    std::vector<int64_t> out_splits{1, 1, 1, 1};
-    if (r == 0) out_splits[3] = 2;
-    all_to_all_single(out, in, out_splits, {1, 1, 1, 1});
-  }, {"split sizes disagree: rank 3 sends 1 rows to rank 0, which expects 2"});
+  expect_error(
+      [&] {
+        at::Tensor in = at::zeros({4, 1}), out = at::zeros({r == 0 ? 5 : 4, 1});
+        std::vector<int64_t> out_splits{1, 1, 1, 1};
+        if (r == 0) out_splits[3] = 2;
+        all_to_all_single(out, in, out_splits, {1, 1, 1, 1});
+      },
+      {"split sizes disagree: rank 3 sends 1 rows to rank 0, which expects 2"});
   // A rank whose own arguments are bad makes every rank fail, not hang.
-  expect_error([&] {
-    at::Tensor out = at::empty({r == 1 ? 7 : 8, 3}), in = at::zeros({2, 3});
-    all_gather_into_tensor(out, in);
-  }, {r == 1 ? "all_gather_into_tensor on group 'world' (size 4): output is float32[7, 3], "
-               "expected float32[8, 3] (group size 4 x input float32[2, 3])"
-             : "rank(s) 1 rejected their arguments"});
-  expect_error([&] {
-    at::Tensor out = at::empty({2, 3}), in = at::zeros({7, 3});
-    reduce_scatter_tensor(out, in);
-  }, {"reduce_scatter_tensor on group 'world' (size 4): input is float32[7, 3], expected "
-      "float32[8, 3] (group size 4 x output float32[2, 3])"});
-  expect_error([&] { at::Tensor t = at::ones({2}, at::kLong); all_reduce(t, ReduceOp::AVG); },
-               {"ReduceOp AVG needs a floating-point tensor, got int64[2]"});
-  expect_error([&] { at::Tensor t = at::ones({2}); send(t, r); }, {"dst", "must be another rank"});
+  expect_error(
+      [&] {
+        at::Tensor out = at::empty({r == 1 ? 7 : 8, 3}), in = at::zeros({2, 3});
+        all_gather_into_tensor(out, in);
+      },
+      {r == 1 ? "all_gather_into_tensor on group 'world' (size 4): output is float32[7, 3], "
+                "expected float32[8, 3] (group size 4 x input float32[2, 3])"
+              : "rank(s) 1 rejected their arguments"});
+  expect_error(
+      [&] {
+        at::Tensor out = at::empty({2, 3}), in = at::zeros({7, 3});
+        reduce_scatter_tensor(out, in);
+      },
+      {"reduce_scatter_tensor on group 'world' (size 4): input is float32[7, 3], expected "
+       "float32[8, 3] (group size 4 x output float32[2, 3])"});
+  expect_error(
+      [&] {
+        at::Tensor t = at::ones({2}, at::kLong);
+        all_reduce(t, ReduceOp::AVG);
+      },
+      {"ReduceOp AVG needs a floating-point tensor, got int64[2]"});
+  expect_error(
+      [&] {
+        at::Tensor t = at::ones({2});
+        send(t, r);
+      },
+      {"dst", "must be another rank"});
   // The group still works after all of that.
   at::Tensor t = at::ones({2});
   all_reduce(t);
@@ -371,8 +423,12 @@ TDC_DIST_TEST(CommTest, MismatchedArgumentsAreReportedNotHung, .world_size = 4) 
   // every rank here since all pass the same bad output.
   set_argument_checks(false);
   EXPECT_FALSE(argument_checks());
-  expect_error([&] { at::Tensor out = at::empty({5}), in = at::zeros({2}); all_gather_into_tensor(out, in); },
-               {"output is float32[5], expected float32[8]"});
+  expect_error(
+      [&] {
+        at::Tensor out = at::empty({5}), in = at::zeros({2});
+        all_gather_into_tensor(out, in);
+      },
+      {"output is float32[5], expected float32[8]"});
   all_reduce(t);
   EXPECT_TRUE(t.equal(at::full({2}, 16.0f)));
   set_argument_checks(true);
@@ -399,7 +455,11 @@ TDC_DIST_TEST(CommTest, ProcessGroups, .world_size = 4) {
   std::string message;
   std::thread([&] {
     other_thread_initialized = is_initialized();
-    try { default_group(); } catch (const std::logic_error& e) { message = e.what(); }
+    try {
+      default_group();
+    } catch (const std::logic_error& e) {
+      message = e.what();
+    }
   }).join();
   EXPECT_FALSE(other_thread_initialized);
   EXPECT_THAT(message, HasSubstr("init_process_group"));
@@ -490,13 +550,18 @@ TDC_DIST_TEST(CommTest, BackendRegistryAndExamplePlugin, .world_size = 4) {
   for (int k = 0; k < 4; ++k) all.push_back(input_of(k, {8, 2}).to(at::kFloat));
   at::Tensor t = all[r].clone();
   all_reduce(t, ReduceOp::AVG, ex);
-  EXPECT_TRUE(tdc::conformance::all_close(t, reduce_f64(all, ReduceOp::AVG).to(at::kFloat), dtype_tol(t), dtype_tol(t))) << "example all_reduce AVG";
+  EXPECT_TRUE(tdc::conformance::all_close(t, reduce_f64(all, ReduceOp::AVG).to(at::kFloat), dtype_tol(t), dtype_tol(t)))
+      << "example all_reduce AVG";
   at::Tensor gathered = at::empty({32, 2});
   all_gather_into_tensor(gathered, all[r], ex);
-  EXPECT_TRUE(tdc::conformance::all_close(gathered, at::cat(all).to(at::kFloat), dtype_tol(gathered), dtype_tol(gathered))) << "example all_gather";
+  EXPECT_TRUE(
+      tdc::conformance::all_close(gathered, at::cat(all).to(at::kFloat), dtype_tol(gathered), dtype_tol(gathered)))
+      << "example all_gather";
   at::Tensor shard = at::empty({2, 2});
   reduce_scatter_tensor(shard, all[r], ReduceOp::SUM, ex);  // served as one alltoall_base
-  EXPECT_TRUE(tdc::conformance::all_close(shard, reduce_f64(all, ReduceOp::SUM).chunk(4)[r].to(at::kFloat), dtype_tol(shard), dtype_tol(shard))) << "example reduce_scatter";
+  EXPECT_TRUE(tdc::conformance::all_close(shard, reduce_f64(all, ReduceOp::SUM).chunk(4)[r].to(at::kFloat),
+                                          dtype_tol(shard), dtype_tol(shard)))
+      << "example reduce_scatter";
   at::Tensor b = all[r].clone();
   broadcast(b, 2, ex);
   EXPECT_TRUE(tdc::conformance::all_close(b, all[2].to(at::kFloat), dtype_tol(b), dtype_tol(b))) << "example broadcast";
@@ -543,7 +608,8 @@ TDC_DIST_TEST(CommTest, PatchPoints, .world_size = 2) {
 
   int rs = 0;
   tdc::comm::PatchReduceScatter p3([&](at::Tensor&, const at::Tensor&, tdc::comm::ReduceOp op,
-                                       const tdc::comm::GroupPtr&, bool, const std::function<tdc::comm::Work()>& original) {
+                                       const tdc::comm::GroupPtr&, bool,
+                                       const std::function<tdc::comm::Work()>& original) {
     EXPECT_EQ(op, tdc::comm::ReduceOp::SUM);
     ++rs;
     return original();

@@ -21,8 +21,8 @@
 namespace {
 
 using namespace tdc;
-using ::testing::HasSubstr;
 using harness::ctx;
+using ::testing::HasSubstr;
 
 // ------------------------------------------------------------------------------ models and data
 struct Batch {
@@ -63,8 +63,7 @@ Batch global_batch(const std::string& model, int step, int world) {
 // Mean loss over the batch: MSE, or token cross-entropy for the Transformer.
 at::Tensor loss_of(nn::Module& m, const Batch& b) {
   at::Tensor y = m(b.inputs).at(0);
-  if (b.target.scalar_type() == at::kLong)
-    return at::cross_entropy_loss(y.flatten(0, 1), b.target.flatten());
+  if (b.target.scalar_type() == at::kLong) return at::cross_entropy_loss(y.flatten(0, 1), b.target.flatten());
   return at::mse_loss(y, b.target);
 }
 
@@ -77,13 +76,14 @@ void sgd_step(const std::vector<at::Tensor>& params, double lr) {
   }
 }
 
-void expect_params_close(const nn::Module& actual, const nn::Module& expected, double rtol,
-                         double atol, const std::string& what) {
+void expect_params_close(const nn::Module& actual, const nn::Module& expected, double rtol, double atol,
+                         const std::string& what) {
   auto a = actual.named_params(), e = expected.named_params();
   ASSERT_EQ(a.size(), e.size());
   for (size_t i = 0; i < a.size(); ++i) {
     ASSERT_EQ(a[i].first, e[i].first);
-    EXPECT_TRUE(tdc::conformance::all_close(a[i].second, e[i].second, rtol, atol)) << what + " parameter '" + a[i].first + "'";
+    EXPECT_TRUE(tdc::conformance::all_close(a[i].second, e[i].second, rtol, atol))
+        << what + " parameter '" + a[i].first + "'";
   }
 }
 
@@ -106,7 +106,7 @@ void perturb_unless_rank0(nn::Module& m) {
 
 // A DDP-wrapped or replicated model: the module to call and the module holding the parameters.
 struct Wrapped {
-  nn::ModulePtr keep;   // owns what `call` refers to
+  nn::ModulePtr keep;  // owns what `call` refers to
   nn::Module* call;
   nn::Module* inner;
 };
@@ -146,11 +146,10 @@ void train_parity(const std::string& model_name, const std::string& api) {
 }
 
 void train_parity_grid() {
-  harness::subtests({{"model", {std::string("mlp"), std::string("transformer")}},
-                     {"api", {std::string("ddp"), std::string("replicate")}}},
-                    [](const harness::Params& p) {
-                      train_parity(p.get<std::string>("model"), p.get<std::string>("api"));
-                    });
+  harness::subtests(
+      {{"model", {std::string("mlp"), std::string("transformer")}},
+       {"api", {std::string("ddp"), std::string("replicate")}}},
+      [](const harness::Params& p) { train_parity(p.get<std::string>("model"), p.get<std::string>("api")); });
 }
 
 TDC_DIST_TEST(DDPTest, TrainParityWorld2, .world_size = 2) { train_parity_grid(); }
@@ -180,14 +179,16 @@ void no_sync_parity(const std::string& api) {
   {
     auto got = w.inner->named_params(), want = local->named_params();
     for (size_t i = 0; i < got.size(); ++i)
-      EXPECT_TRUE(tdc::conformance::all_close(got[i].second.grad(), want[i].second.grad(), 1.3e-6, 1e-7)) << "no_sync gradient of '" + got[i].first + "'";
+      EXPECT_TRUE(tdc::conformance::all_close(got[i].second.grad(), want[i].second.grad(), 1.3e-6, 1e-7))
+          << "no_sync gradient of '" + got[i].first + "'";
   }
   loss_of(*w.call, m2.slice(rank, world)).backward();
   loss_of(*ref, m1).backward();
   loss_of(*ref, m2).backward();
   auto got = w.inner->named_params(), want = ref->named_params();
   for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_TRUE(tdc::conformance::all_close(got[i].second.grad(), want[i].second.grad(), 1.3e-6, 1e-5)) << "accumulated gradient of '" + got[i].first + "'";
+    EXPECT_TRUE(tdc::conformance::all_close(got[i].second.grad(), want[i].second.grad(), 1.3e-6, 1e-5))
+        << "accumulated gradient of '" + got[i].first + "'";
   sgd_step(w.inner->params(), 0.05);
   sgd_step(ref->params(), 0.05);
   expect_params_close(*w.inner, *ref, 1.3e-6, 1e-5, "after the accumulated step:");
@@ -203,8 +204,8 @@ TDC_DIST_TEST(DDPTest, NoSyncAccumulationWorld4, .world_size = 4) { no_sync_pari
 // layers are still being computed: their launches see gradient-ready events outstanding.
 TDC_DIST_TEST(DDPTest, BucketsLaunchDuringBackward, .world_size = 2) {
   const int world = ctx().world_size, rank = ctx().rank;
-  auto d = std::make_shared<ddp::DistributedDataParallel>(std::make_shared<fixtures::MLPStack>(kMlpDim), conformance::world(),
-                                                          ddp::DDPOptions{.bucket_cap_mb = 1e-4});
+  auto d = std::make_shared<ddp::DistributedDataParallel>(std::make_shared<fixtures::MLPStack>(kMlpDim),
+                                                          conformance::world(), ddp::DDPOptions{.bucket_cap_mb = 1e-4});
   loss_of(*d, global_batch("mlp", 0, world).slice(rank, world)).backward();
   const ddp::BackwardStats& s = d->last_backward();
   EXPECT_TRUE(s.finished);
@@ -219,7 +220,8 @@ TDC_DIST_TEST(DDPTest, BucketsLaunchDuringBackward, .world_size = 2) {
   EXPECT_EQ(s.launches.back().second, 0);
 
   // One bucket (default 25 MB): a single launch once every gradient is in.
-  auto one = std::make_shared<ddp::DistributedDataParallel>(std::make_shared<fixtures::MLPStack>(kMlpDim), conformance::world());
+  auto one = std::make_shared<ddp::DistributedDataParallel>(std::make_shared<fixtures::MLPStack>(kMlpDim),
+                                                            conformance::world());
   loss_of(*one, global_batch("mlp", 0, world).slice(rank, world)).backward();
   EXPECT_EQ(one->last_backward().buckets, 1);
   ASSERT_EQ(one->last_backward().launches.size(), 1u);
@@ -238,8 +240,7 @@ TDC_DIST_TEST(DDPTest, BroadcastBuffers, .world_size = 2) {
       model->named_bufs().at(0).second.fill_(v);
     };
     set_buffer(rank + 1.0);
-    ddp::DistributedDataParallel d(model, conformance::world(),
-                                   ddp::DDPOptions{.broadcast_buffers = broadcast});
+    ddp::DistributedDataParallel d(model, conformance::world(), ddp::DDPOptions{.broadcast_buffers = broadcast});
     at::Tensor buf = model->named_bufs().at(0).second;
     EXPECT_TRUE(buf.eq(1.0).all().item<bool>()) << "construction broadcasts buffers from rank 0";
     set_buffer(10.0 * (rank + 1));
@@ -268,8 +269,7 @@ class PartlyUsed : public nn::Module {
 
 TDC_DIST_TEST(DDPTest, UnusedParametersError, .world_size = 2) {
   const int world = ctx().world_size, rank = ctx().rank;
-  auto d = std::make_shared<ddp::DistributedDataParallel>(std::make_shared<PartlyUsed>(),
-                                                          conformance::world());
+  auto d = std::make_shared<ddp::DistributedDataParallel>(std::make_shared<PartlyUsed>(), conformance::world());
   Batch b = global_batch("mlp", 0, world).slice(rank, world);
   try {
     loss_of(*d, b).backward();
@@ -298,8 +298,7 @@ TDC_DIST_TEST(DDPTest, FindUnusedParameters, .world_size = 2) {
     nn::ModulePtr ref = reference_copy(*model);
     auto d = std::make_shared<ddp::DistributedDataParallel>(
         model, conformance::world(),
-        ddp::DDPOptions{.bucket_cap_mb = p.get<double>("bucket_cap_mb"),
-                        .find_unused_parameters = true});
+        ddp::DDPOptions{.bucket_cap_mb = p.get<double>("bucket_cap_mb"), .find_unused_parameters = true});
     for (int step = 0; step < 3; ++step) {
       Batch global = global_batch("mlp", step, world);
       loss_of(*d, global.slice(rank, world)).backward();

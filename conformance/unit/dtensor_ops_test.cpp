@@ -81,10 +81,10 @@ at::Tensor randn(const std::vector<int64_t>& shape, uint64_t seed) {
 }
 
 struct InputSpec {
-  at::Tensor value;          // the global value (same on every rank)
-  bool index = false;        // integer input: no Partial, no gradient
-  bool few = false;          // biases: Shard(0), Replicate, Partial on a 1-D mesh; on a 2-D mesh
-                             // only (R, R), (R, S(0)) (the TP layouts) and (P, P)
+  at::Tensor value;    // the global value (same on every rank)
+  bool index = false;  // integer input: no Partial, no gradient
+  bool few = false;    // biases: Shard(0), Replicate, Partial on a 1-D mesh; on a 2-D mesh
+                       // only (R, R), (R, S(0)) (the TP layouts) and (P, P)
 };
 
 struct OpCase {
@@ -205,8 +205,8 @@ void check_case(const OpCase& c, const DeviceMesh& mesh, const std::string& mesh
       at::Tensor full = out.full_tensor();
       if (!close(full, ref_out)) {
         ok = false;
-        ADD_FAILURE() << "wrong value: " << where << " -> " << tdc::tensor::to_string(out.placements())
-                      << "\nexpected " << ref_out << "\ngot " << full;
+        ADD_FAILURE() << "wrong value: " << where << " -> " << tdc::tensor::to_string(out.placements()) << "\nexpected "
+                      << ref_out << "\ngot " << full;
       }
       (full * weight_out).sum().backward();
       for (size_t k = 0; k < n; ++k) {
@@ -257,52 +257,92 @@ std::vector<OpCase> cases() {
   auto pos48 = randn({4, 8}, 4).abs() + 0.5;
   using V = std::vector<DTensor>;
   using T = std::vector<at::Tensor>;
-  cs.push_back({"add", {{a48}, {b48}}, [](const V& v) { return ops::add(v[0], v[1]); },
+  cs.push_back(
+      {"add", {{a48}, {b48}}, [](const V& v) { return ops::add(v[0], v[1]); }, [](const T& t) { return t[0] + t[1]; }});
+  cs.push_back({"add_broadcast",
+                {{a48}, {b8}},
+                [](const V& v) { return ops::add(v[0], v[1]); },
                 [](const T& t) { return t[0] + t[1]; }});
-  cs.push_back({"add_broadcast", {{a48}, {b8}}, [](const V& v) { return ops::add(v[0], v[1]); },
-                [](const T& t) { return t[0] + t[1]; }});
-  cs.push_back({"sub", {{a48}, {b48}}, [](const V& v) { return ops::sub(v[0], v[1]); },
-                [](const T& t) { return t[0] - t[1]; }});
-  cs.push_back({"mul", {{a48}, {b48}}, [](const V& v) { return ops::mul(v[0], v[1]); },
+  cs.push_back(
+      {"sub", {{a48}, {b48}}, [](const V& v) { return ops::sub(v[0], v[1]); }, [](const T& t) { return t[0] - t[1]; }});
+  cs.push_back(
+      {"mul", {{a48}, {b48}}, [](const V& v) { return ops::mul(v[0], v[1]); }, [](const T& t) { return t[0] * t[1]; }});
+  cs.push_back({"mul_broadcast",
+                {{a48}, {b8}},
+                [](const V& v) { return ops::mul(v[0], v[1]); },
                 [](const T& t) { return t[0] * t[1]; }});
-  cs.push_back({"mul_broadcast", {{a48}, {b8}}, [](const V& v) { return ops::mul(v[0], v[1]); },
-                [](const T& t) { return t[0] * t[1]; }});
-  cs.push_back({"div", {{a48}, {pos48}}, [](const V& v) { return ops::div(v[0], v[1]); },
+  cs.push_back({"div",
+                {{a48}, {pos48}},
+                [](const V& v) { return ops::div(v[0], v[1]); },
                 [](const T& t) { return t[0] / t[1]; }});
   cs.push_back({"neg", {{a48}}, [](const V& v) { return ops::neg(v[0]); }, [](const T& t) { return -t[0]; }});
-  cs.push_back({"relu", {{a48}}, [](const V& v) { return ops::relu(v[0]); }, [](const T& t) { return at::relu(t[0]); }});
-  cs.push_back({"gelu", {{a48}}, [](const V& v) { return ops::gelu(v[0]); }, [](const T& t) { return at::gelu(t[0]); }});
-  cs.push_back({"tanh", {{a48}}, [](const V& v) { return ops::tanh(v[0]); }, [](const T& t) { return at::tanh(t[0]); }});
+  cs.push_back(
+      {"relu", {{a48}}, [](const V& v) { return ops::relu(v[0]); }, [](const T& t) { return at::relu(t[0]); }});
+  cs.push_back(
+      {"gelu", {{a48}}, [](const V& v) { return ops::gelu(v[0]); }, [](const T& t) { return at::gelu(t[0]); }});
+  cs.push_back(
+      {"tanh", {{a48}}, [](const V& v) { return ops::tanh(v[0]); }, [](const T& t) { return at::tanh(t[0]); }});
   cs.push_back({"sum_all", {{a48}}, [](const V& v) { return ops::sum(v[0]); }, [](const T& t) { return t[0].sum(); }});
-  cs.push_back({"sum_dim1", {{a48}}, [](const V& v) { return ops::sum(v[0], {1}); },
-                [](const T& t) { return t[0].sum({1}); }});
-  cs.push_back({"sum_dim0_keepdim", {{a48}}, [](const V& v) { return ops::sum(v[0], {0}, true); },
+  cs.push_back(
+      {"sum_dim1", {{a48}}, [](const V& v) { return ops::sum(v[0], {1}); }, [](const T& t) { return t[0].sum({1}); }});
+  cs.push_back({"sum_dim0_keepdim",
+                {{a48}},
+                [](const V& v) { return ops::sum(v[0], {0}, true); },
                 [](const T& t) { return t[0].sum({0}, true); }});
-  cs.push_back({"mean_dim1", {{a48}}, [](const V& v) { return ops::mean(v[0], {-1}); },
+  cs.push_back({"mean_dim1",
+                {{a48}},
+                [](const V& v) { return ops::mean(v[0], {-1}); },
                 [](const T& t) { return t[0].mean({-1}); }});
-  cs.push_back({"mean_all", {{a48}}, [](const V& v) { return ops::mean(v[0]); }, [](const T& t) { return t[0].mean(); }});
+  cs.push_back(
+      {"mean_all", {{a48}}, [](const V& v) { return ops::mean(v[0]); }, [](const T& t) { return t[0].mean(); }});
   auto m84 = randn({8, 4}, 5), w48 = randn({4, 8}, 6), bias4 = randn({4}, 7);
-  cs.push_back({"mm", {{a48}, {m84}}, [](const V& v) { return ops::mm(v[0], v[1]); },
+  cs.push_back({"mm",
+                {{a48}, {m84}},
+                [](const V& v) { return ops::mm(v[0], v[1]); },
                 [](const T& t) { return at::mm(t[0], t[1]); }});
-  cs.push_back({"addmm", {{bias4, false, true}, {a48}, {m84}}, [](const V& v) { return ops::addmm(v[0], v[1], v[2]); },
-                [](const T& t) { return at::addmm(t[0], t[1], t[2]); }, true});
-  cs.push_back({"linear", {{a48}, {w48}, {bias4, false, true}},
+  cs.push_back({"addmm",
+                {{bias4, false, true}, {a48}, {m84}},
+                [](const V& v) { return ops::addmm(v[0], v[1], v[2]); },
+                [](const T& t) { return at::addmm(t[0], t[1], t[2]); },
+                true});
+  cs.push_back({"linear",
+                {{a48}, {w48}, {bias4, false, true}},
                 [](const V& v) { return ops::linear(v[0], v[1], v[2]); },
                 [](const T& t) { return at::linear(t[0], t[1], t[2]); }});
-  cs.push_back({"linear_nobias", {{a48}, {w48}}, [](const V& v) { return ops::linear(v[0], v[1]); },
+  cs.push_back({"linear_nobias",
+                {{a48}, {w48}},
+                [](const V& v) { return ops::linear(v[0], v[1]); },
                 [](const T& t) { return at::linear(t[0], t[1]); }});
   auto vocab = randn({8, 4}, 8);
   auto indices = at::tensor({0, 7, 3, 3, 6, 1, 2, 5}, at::kLong).view({2, 4});
-  cs.push_back({"embedding", {{vocab}, {indices, true}}, [](const V& v) { return ops::embedding(v[0], v[1]); },
+  cs.push_back({"embedding",
+                {{vocab}, {indices, true}},
+                [](const V& v) { return ops::embedding(v[0], v[1]); },
                 [](const T& t) { return at::embedding(t[0], t[1]); }});
-  cs.push_back({"transpose", {{a48}}, [](const V& v) { return ops::transpose(v[0], 0, 1); },
+  cs.push_back({"transpose",
+                {{a48}},
+                [](const V& v) { return ops::transpose(v[0], 0, 1); },
                 [](const T& t) { return t[0].transpose(0, 1); }});
-  cs.push_back({"view_flatten", {{a48}}, [](const V& v) { return ops::view(v[0], {32}); },
+  cs.push_back({"view_flatten",
+                {{a48}},
+                [](const V& v) { return ops::view(v[0], {32}); },
                 [](const T& t) { return t[0].reshape({32}); }});
-  cs.push_back({"view_split", {{a48}}, [](const V& v) { return ops::view(v[0], {4, 2, 4}); },
-                [](const T& t) { return t[0].reshape({4, 2, 4}); }});
-  cs.push_back({"reshape", {{a48}}, [](const V& v) { return ops::reshape(v[0], {2, 16}); },
-                [](const T& t) { return t[0].reshape({2, 16}); }});
+  cs.push_back({"view_split",
+                {{a48}},
+                [](const V& v) {
+                  return ops::view(v[0], {4, 2, 4});
+                },
+                [](const T& t) {
+                  return t[0].reshape({4, 2, 4});
+                }});
+  cs.push_back({"reshape",
+                {{a48}},
+                [](const V& v) {
+                  return ops::reshape(v[0], {2, 16});
+                },
+                [](const T& t) {
+                  return t[0].reshape({2, 16});
+                }});
   return cs;
 }
 

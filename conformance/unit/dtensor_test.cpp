@@ -19,9 +19,9 @@
 
 namespace {
 
+using tdc::comm::ReduceOp;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using tdc::comm::ReduceOp;
 using namespace tdc::tensor;
 
 // Deterministic, rank-independent global tensor (no RNG: thread-launched ranks share one).
@@ -80,7 +80,8 @@ at::Tensor split_partial(const at::Tensor& x, ReduceOp op, int64_t n, int64_t m)
       return x * w + (m == n - 1 ? at::zeros_like(x) : at::ones_like(x) * 0.5) -
              (m == n - 1 ? at::ones_like(x) * 0.5 * (n - 1) : at::zeros_like(x));
     }
-    case ReduceOp::AVG: return x + (static_cast<double>(m) - (n - 1) / 2.0) * 1.25;
+    case ReduceOp::AVG:
+      return x + (static_cast<double>(m) - (n - 1) / 2.0) * 1.25;
     case ReduceOp::MAX:
     case ReduceOp::MIN: {
       // the rank holding the extreme value differs per element
@@ -145,8 +146,14 @@ void check_transition(const at::Tensor& global, const tdc::DeviceMesh& mesh, con
   }
 }
 
-const std::vector<Placement> k1d = {Shard{0}, Shard{1}, Shard{-1}, Replicate{}, Partial{ReduceOp::SUM},
-                                    Partial{ReduceOp::AVG}, Partial{ReduceOp::MAX}, Partial{ReduceOp::MIN}};
+const std::vector<Placement> k1d = {Shard{0},
+                                    Shard{1},
+                                    Shard{-1},
+                                    Replicate{},
+                                    Partial{ReduceOp::SUM},
+                                    Partial{ReduceOp::AVG},
+                                    Partial{ReduceOp::MAX},
+                                    Partial{ReduceOp::MIN}};
 
 void transitions_1d(int64_t world) {
   tdc::conformance::world();
@@ -168,8 +175,7 @@ TDC_DIST_TEST(DTensorTest, Transitions1DWorld3, .world_size = 3) { transitions_1
 TDC_DIST_TEST(DTensorTest, Transitions2D) {
   tdc::conformance::world();
   tdc::DeviceMesh mesh = tdc::init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
-  const std::vector<Placement> k2d = {Shard{0}, Shard{1}, Replicate{}, Partial{ReduceOp::SUM},
-                                      Partial{ReduceOp::MAX}};
+  const std::vector<Placement> k2d = {Shard{0}, Shard{1}, Replicate{}, Partial{ReduceOp::SUM}, Partial{ReduceOp::MAX}};
   tdc::harness::subtests({{"shape", {std::string("5x7"), std::string("3x1")}}}, [&](const tdc::harness::Params& p) {
     at::Tensor global = global_tensor(parse_shape(p.get<std::string>("shape")));
     for (const auto& a : k2d) {
@@ -188,37 +194,38 @@ TDC_DIST_TEST(DTensorTest, Transitions2D) {
 TDC_DIST_TEST(DTensorTest, StridedShard) {
   tdc::conformance::world();
   tdc::DeviceMesh mesh = tdc::init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
-  tdc::harness::subtests({{"shape", {std::string("8x3"), std::string("7x2"), std::string("3x2")}}},
-                         [&](const tdc::harness::Params& p) {
-    at::Tensor global = global_tensor(parse_shape(p.get<std::string>("shape")));
-    // FSDP over TP: (StridedShard(0, split_factor=2), Shard(0)) holds global chunk tp*2 + dp.
-    const Placements fsdp_tp = {StridedShard{0, 2}, Shard{0}};
-    DTensor d = make_dtensor(global, mesh, fsdp_tp);
-    EXPECT_EQ(d.spec().local_shape(), d.to_local().sizes().vec());
-    if (global.size(0) == 8) {
-      const auto c = mesh.get_coordinate();
-      EXPECT_TRUE(tdc::conformance::all_close(d.to_local(), global.chunk(4, 0)[c[1] * 2 + c[0]], kTol, kTol));
-      EXPECT_EQ(d.spec().local_offset()[0], (c[1] * 2 + c[0]) * 2);
-    }
-    for (const Placements& dst : std::vector<Placements>{{Replicate{}, Replicate{}}, {Replicate{}, Shard{0}},
-                                                         {Shard{0}, Replicate{}}, {Shard{1}, Shard{0}}}) {
-      check_transition(global, mesh, fsdp_tp, dst);
-      check_transition(global, mesh, dst, fsdp_tp);
-    }
-    check_transition(global, mesh, {Partial{}, Replicate{}}, fsdp_tp);
-    // 1-D: StridedShard alone on each mesh dim.
-    check_transition(global, mesh, {StridedShard{0, 2}, Replicate{}}, {Replicate{}, Replicate{}});
-    check_transition(global, mesh, {Replicate{}, Replicate{}}, {Replicate{}, StridedShard{0, 3}});
-    // PyTorch 2.13's _StridedShard(0, split_factor=2)._split_tensor over 2 (checked in Python):
-    // 7 -> [0, 1, 4, 5] | [2, 3, 6]; 3 -> [0, 2] | [1]; 2 -> [0, 1] | [].
-    const int64_t rows = global.size(0), m = mesh.get_local_rank(0);
-    const std::map<int64_t, std::vector<std::vector<int64_t>>> torch_rows = {
-        {7, {{0, 1, 4, 5}, {2, 3, 6}}}, {3, {{0, 2}, {1}}}, {8, {{0, 1, 4, 5}, {2, 3, 6, 7}}}};
-    DTensor s = make_dtensor(global, mesh, {StridedShard{0, 2}, Replicate{}});
-    EXPECT_TRUE(tdc::conformance::all_close(s.to_local(), global.index_select(0, at::tensor(torch_rows.at(rows)[m], at::kLong)), kTol, kTol));
-    DTensor two = make_dtensor(global_tensor({2, 3}), mesh, {StridedShard{0, 2}, Replicate{}});
-    EXPECT_EQ(two.to_local().size(0), m == 0 ? 2 : 0);
-  });
+  tdc::harness::subtests(
+      {{"shape", {std::string("8x3"), std::string("7x2"), std::string("3x2")}}}, [&](const tdc::harness::Params& p) {
+        at::Tensor global = global_tensor(parse_shape(p.get<std::string>("shape")));
+        // FSDP over TP: (StridedShard(0, split_factor=2), Shard(0)) holds global chunk tp*2 + dp.
+        const Placements fsdp_tp = {StridedShard{0, 2}, Shard{0}};
+        DTensor d = make_dtensor(global, mesh, fsdp_tp);
+        EXPECT_EQ(d.spec().local_shape(), d.to_local().sizes().vec());
+        if (global.size(0) == 8) {
+          const auto c = mesh.get_coordinate();
+          EXPECT_TRUE(tdc::conformance::all_close(d.to_local(), global.chunk(4, 0)[c[1] * 2 + c[0]], kTol, kTol));
+          EXPECT_EQ(d.spec().local_offset()[0], (c[1] * 2 + c[0]) * 2);
+        }
+        for (const Placements& dst : std::vector<Placements>{
+                 {Replicate{}, Replicate{}}, {Replicate{}, Shard{0}}, {Shard{0}, Replicate{}}, {Shard{1}, Shard{0}}}) {
+          check_transition(global, mesh, fsdp_tp, dst);
+          check_transition(global, mesh, dst, fsdp_tp);
+        }
+        check_transition(global, mesh, {Partial{}, Replicate{}}, fsdp_tp);
+        // 1-D: StridedShard alone on each mesh dim.
+        check_transition(global, mesh, {StridedShard{0, 2}, Replicate{}}, {Replicate{}, Replicate{}});
+        check_transition(global, mesh, {Replicate{}, Replicate{}}, {Replicate{}, StridedShard{0, 3}});
+        // PyTorch 2.13's _StridedShard(0, split_factor=2)._split_tensor over 2 (checked in Python):
+        // 7 -> [0, 1, 4, 5] | [2, 3, 6]; 3 -> [0, 2] | [1]; 2 -> [0, 1] | [].
+        const int64_t rows = global.size(0), m = mesh.get_local_rank(0);
+        const std::map<int64_t, std::vector<std::vector<int64_t>>> torch_rows = {
+            {7, {{0, 1, 4, 5}, {2, 3, 6}}}, {3, {{0, 2}, {1}}}, {8, {{0, 1, 4, 5}, {2, 3, 6, 7}}}};
+        DTensor s = make_dtensor(global, mesh, {StridedShard{0, 2}, Replicate{}});
+        EXPECT_TRUE(tdc::conformance::all_close(
+            s.to_local(), global.index_select(0, at::tensor(torch_rows.at(rows)[m], at::kLong)), kTol, kTol));
+        DTensor two = make_dtensor(global_tensor({2, 3}), mesh, {StridedShard{0, 2}, Replicate{}});
+        EXPECT_EQ(two.to_local().size(0), m == 0 ? 2 : 0);
+      });
 }
 
 TDC_DIST_TEST(DTensorTest, SpecLocalShapeAndOffset) {
@@ -275,7 +282,8 @@ TDC_DIST_TEST(DTensorTest, ReplicateToPartialValues) {
   at::Tensor global = global_tensor({3, 2});
   DTensor d = distribute_tensor(global, mesh, {Replicate{}});
   // SUM: value / n everywhere, as PyTorch 2.13's Partial._partition_value; integers: rank 0 keeps it.
-  EXPECT_TRUE(tdc::conformance::all_close(d.redistribute({Partial{ReduceOp::SUM}}).to_local(), global / 4.0, kTol, kTol));
+  EXPECT_TRUE(
+      tdc::conformance::all_close(d.redistribute({Partial{ReduceOp::SUM}}).to_local(), global / 4.0, kTol, kTol));
   at::Tensor ints = at::arange(6, at::kLong).reshape({3, 2});
   DTensor di = distribute_tensor(ints, mesh, {Replicate{}}).redistribute({Partial{ReduceOp::SUM}});
   EXPECT_TRUE(di.to_local().equal(r == 0 ? ints : at::zeros_like(ints)));
@@ -361,7 +369,8 @@ TDC_DIST_TEST(DTensorTest, DistributeTensorBroadcastFromSrc) {
   at::Tensor global = global_tensor({4, 4});
   at::Tensor mine = r == 3 ? global : at::full({4, 4}, static_cast<double>(r), at::kDouble);
   DTensor d = distribute_tensor(mine, mesh, {Shard{0}, Shard{1}}, /*broadcast_from_src=*/true, /*src_rank=*/3);
-  EXPECT_TRUE(tdc::conformance::all_close(d.to_local(), expected_local(global, mesh, {Shard{0}, Shard{1}}), kTol, kTol));
+  EXPECT_TRUE(
+      tdc::conformance::all_close(d.to_local(), expected_local(global, mesh, {Shard{0}, Shard{1}}), kTol, kTol));
 }
 
 TDC_DIST_TEST(DTensorTest, FromLocalRunCheck) {
@@ -410,7 +419,9 @@ TDC_DIST_TEST(DTensorTest, BadInput) {
   EXPECT_THAT(message([&] { distribute_tensor(t, mesh, {Shard{2}}); }),
               AllOf(HasSubstr("Shard(2)"), HasSubstr("rank 2")));
   EXPECT_THAT(message([&] { distribute_tensor(t, mesh, {Shard{-3}}); }), HasSubstr("Shard(-3)"));
-  EXPECT_THAT(message([&] { distribute_tensor(t, mesh, {Shard{0}, Replicate{}}); }),
+  EXPECT_THAT(message([&] {
+                distribute_tensor(t, mesh, {Shard{0}, Replicate{}});
+              }),
               AllOf(HasSubstr("2 entries"), HasSubstr("1 dims")));
   EXPECT_THAT(message([&] { distribute_tensor(t, mesh2, {Shard{0}}); }),
               AllOf(HasSubstr("1 entries"), HasSubstr("2 dims")));
@@ -426,7 +437,7 @@ TDC_DIST_TEST(DTensorTest, BadInput) {
 TDC_DIST_TEST(DTensorTest, DocsExample) {
   // --- docs/dtensor.md example begin ---
   using namespace tdc::tensor;
-  tdc::conformance::world();                                  // default process group (4 ranks)
+  tdc::conformance::world();  // default process group (4 ranks)
   tdc::DeviceMesh mesh = tdc::init_device_mesh("cpu", {4});
 
   // Every rank holds the same 5x3 tensor; distribute it row-wise (2, 2, 1, 0 rows).
@@ -440,12 +451,12 @@ TDC_DIST_TEST(DTensorTest, DocsExample) {
   // Partial values (e.g. the output of a row-parallel matmul) reduce on redistribute.
   at::Tensor partial = at::full({2, 2}, 1.0f * mesh.get_local_rank(0));
   DTensor p = from_local(partial, mesh, {Partial{tdc::comm::ReduceOp::SUM}});
-  at::Tensor summed = p.full_tensor();                        // 0 + 1 + 2 + 3 = 6 everywhere
+  at::Tensor summed = p.full_tensor();  // 0 + 1 + 2 + 3 = 6 everywhere
 
   // Differentiable: grads of a Shard -> Replicate redistribute come back sharded.
   at::Tensor local = w.to_local().detach().requires_grad_(true);
   DTensor leaf = from_local(local, mesh, {Shard{0}}, {.shape = std::vector<int64_t>{5, 3}});
-  leaf.full_tensor().sum().backward();                        // local.grad() is all ones
+  leaf.full_tensor().sum().backward();  // local.grad() is all ones
   // --- docs/dtensor.md example end ---
   EXPECT_TRUE(w_cols.full_tensor().equal(weight));
   EXPECT_TRUE(summed.equal(at::full({2, 2}, 6.0f)));

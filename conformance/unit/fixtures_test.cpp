@@ -213,8 +213,9 @@ TDC_DIST_TEST(FixturesTest, TransformerWithSharedParamsMatchesPyTorch) {
     // Init is exact; forward differs from PyTorch by float32 rounding (~1e-7 relative):
     // PyTorch's encoder/decoder layers call MultiheadAttention with need_weights=False, which
     // runs scaled_dot_product_attention; tdc::nn's MultiheadAttention uses bmm + softmax.
-    expect_matches_golden(*m, in, c, [&](const Tensors& i, const Tensors& o) { return tm.get_loss(i, o); }, {},
-                          /*rel=*/1e-5);
+    expect_matches_golden(
+        *m, in, c, [&](const Tensors& i, const Tensors& o) { return tm.get_loss(i, o); }, {},
+        /*rel=*/1e-5);
   }
 }
 
@@ -255,11 +256,11 @@ TDC_DIST_TEST(FixturesTest, DeepCopyKeepsNamesValuesTiesAndForward) {
   for (const std::string name : {"MLP_dim8_nobias_buffer_x3", "MLPStack_16_seqpar", "Transformer_eval"}) {
     models.emplace_back(name, build_seeded(name));
   }
-  models.emplace_back("TransformerWithSharedParams",
-                      TransformerWithSharedParams::init(group, FSDPInitMode::NO_FSDP, DEVICEInitMode::DEVICE_NEVER, {},
-                                                        true));
-  models.emplace_back("MixtureOfExperts", MixtureOfExperts::init(group, FSDPInitMode::NO_FSDP,
-                                                                 DEVICEInitMode::DEVICE_NEVER, {}, true));
+  models.emplace_back(
+      "TransformerWithSharedParams",
+      TransformerWithSharedParams::init(group, FSDPInitMode::NO_FSDP, DEVICEInitMode::DEVICE_NEVER, {}, true));
+  models.emplace_back("MixtureOfExperts",
+                      MixtureOfExperts::init(group, FSDPInitMode::NO_FSDP, DEVICEInitMode::DEVICE_NEVER, {}, true));
   for (auto& [name, m] : models) {
     SCOPED_TRACE(name);
     m->eval();
@@ -307,7 +308,8 @@ TDC_DIST_TEST(FixturesTest, WeightTyingIsOneTensorWithAccumulatedGrads) {
   Tensors in = golden_inputs(golden("Transformer_eval"));
   tied->operator()(in)[0].sum().backward();
   untied->operator()(in)[0].sum().backward();
-  at::Tensor both = untied->submodule("tok_embeddings").p("weight").grad() + untied->submodule("output").p("weight").grad();
+  at::Tensor both =
+      untied->submodule("tok_embeddings").p("weight").grad() + untied->submodule("output").p("weight").grad();
   EXPECT_TRUE(at::allclose(emb.grad(), both, 1e-5, 1e-6));
   EXPECT_FALSE(at::allclose(emb.grad(), untied->submodule("tok_embeddings").p("weight").grad(), 1e-5, 1e-6));
 
@@ -347,8 +349,8 @@ TDC_DIST_TEST(FixturesTest, CheckpointedTransformerMatchesPlain) {
 
 // ---------------------------------------------------------------- FSDP1 models across ranks
 
-TDC_DIST_TEST(FixturesTest, NestedWrappedModuleMatchesPyTorchWithPerRankInputs,
-              .world_size = 2, .launcher = kOwnProcesses) {
+TDC_DIST_TEST(FixturesTest, NestedWrappedModuleMatchesPyTorchWithPerRankInputs, .world_size = 2,
+              .launcher = kOwnProcesses) {
   auto group = conformance::world();
   const int rank = group->rank();
   const json& c = golden("NestedWrappedModule_rank" + std::to_string(rank));
@@ -368,8 +370,7 @@ TDC_DIST_TEST(FixturesTest, NestedWrappedModuleMatchesPyTorchWithPerRankInputs,
   EXPECT_TRUE(src[0].equal(src[1]));
 }
 
-TDC_DIST_TEST(FixturesTest, IdenticalInitAcrossRanks,
-              .world_size = 2, .launcher = kOwnProcesses) {
+TDC_DIST_TEST(FixturesTest, IdenticalInitAcrossRanks, .world_size = 2, .launcher = kOwnProcesses) {
   auto group = conformance::world();
   for (const std::string name : {"MLPStack_17", "Transformer_eval", "MLPModule"}) {
     SCOPED_TRACE(name);
@@ -382,8 +383,8 @@ TDC_DIST_TEST(FixturesTest, IdenticalInitAcrossRanks,
   EXPECT_TRUE(all[0].equal(all[1]));
 }
 
-TDC_DIST_TEST(FixturesTest, MixtureOfExpertsMatchesPyTorchAndAveragesSharedGrads,
-              .world_size = 2, .launcher = kOwnProcesses) {
+TDC_DIST_TEST(FixturesTest, MixtureOfExpertsMatchesPyTorchAndAveragesSharedGrads, .world_size = 2,
+              .launcher = kOwnProcesses) {
   auto group = conformance::world();
   const int rank = group->rank();
   const json& c = golden("MixtureOfExperts_rank" + std::to_string(rank));
@@ -439,8 +440,7 @@ TDC_DIST_TEST(FixturesTest, RecursiveNeedsAWrapFunction) {
   expect_logic_error([&] { NestedWrappedModuleWithDelay::init(group, rec, dev); });
 }
 
-TDC_DIST_TEST(FixturesTest, WrapRequestsFollowCommonFsdp,
-              .world_size = 2, .launcher = kOwnProcesses) {
+TDC_DIST_TEST(FixturesTest, WrapRequestsFollowCommonFsdp, .world_size = 2, .launcher = kOwnProcesses) {
   auto group = conformance::world();
   auto rec = FSDPInitMode::RECURSIVE, none = FSDPInitMode::NO_FSDP;
   auto dev = DEVICEInitMode::DEVICE_NEVER;

@@ -29,11 +29,11 @@
 namespace {
 
 using namespace tdc;
-using ::testing::HasSubstr;
 using harness::ctx;
 using tensor::Placements;
 using tensor::Replicate;
 using tensor::Shard;
+using ::testing::HasSubstr;
 
 using conformance::error_of;
 using conformance::reference_copy;
@@ -177,7 +177,8 @@ TDC_DIST_TEST(FSDPTest, ParametersReadBackAsDTensors, .world_size = 2) {
   }
   auto want = ref->named_params();
   auto got = tensor::named_params_with_specs(*model);
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(conformance::all_close(got[i].full(), want[i].second, 0, 0)) << "full_tensor of " + got[i].fqn;
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_TRUE(conformance::all_close(got[i].full(), want[i].second, 0, 0)) << "full_tensor of " + got[i].fqn;
   // 15 rows over 2 ranks: 8 and 7 (torch.chunk).
   EXPECT_EQ(tensor::param_dtensor(*model, "0.in_proj.weight")->to_local().size(0), ctx().rank == 0 ? 8 : 7);
 }
@@ -204,7 +205,8 @@ TDC_DIST_TEST(FSDPTest, FSDPOverTPPlacements, .world_size = 4) {
   EXPECT_EQ(w1->device_mesh(), mesh);
   auto want = ref->named_params();
   auto got = tensor::named_params_with_specs(*model);
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(conformance::all_close(got[i].full(), want[i].second, 0, 0)) << "full_tensor of " + got[i].fqn;
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_TRUE(conformance::all_close(got[i].full(), want[i].second, 0, 0)) << "full_tensor of " + got[i].fqn;
 }
 
 // ------------------------------------------------------------------ memory bound
@@ -229,10 +231,11 @@ TDC_DIST_TEST(FSDPTest, ReshardAfterForwardBoundsUnshardedMemory, .world_size = 
     const int64_t root_bytes = all_bytes - args.n_layers * block_bytes;
     std::vector<int64_t> seen;  // unsharded bytes while each block runs
     for (auto& [n, block] : model->child("layers").named_children_tdc()) {
-      block->register_forward_hook([&seen](nn::Module&, const nn::Tensors&, const nn::Tensors&) -> std::optional<nn::Tensors> {
-        seen.push_back(fsdp::memory_stats().unsharded_bytes);
-        return std::nullopt;
-      });
+      block->register_forward_hook(
+          [&seen](nn::Module&, const nn::Tensors&, const nn::Tensors&) -> std::optional<nn::Tensors> {
+            seen.push_back(fsdp::memory_stats().unsharded_bytes);
+            return std::nullopt;
+          });
     }
     fsdp::FullyShardOptions opts;
     opts.reshard_after_forward = reshard;
@@ -419,7 +422,8 @@ TDC_DIST_TEST(FSDPTest, MixedPrecisionBf16, .world_size = 2) {
   // bf16 compute: compare gradients at bf16 resolution.
   auto got = tensor::named_params_with_specs(*model);
   auto want = ref->named_params();
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(conformance::all_close(got[i].full_grad(), want[i].second.grad(), 5e-2, 5e-2)) << got[i].fqn;
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_TRUE(conformance::all_close(got[i].full_grad(), want[i].second.grad(), 5e-2, 5e-2)) << got[i].fqn;
 }
 
 // output_dtype: the root casts its floating outputs; cast_forward_inputs casts inputs to bf16.
@@ -509,7 +513,8 @@ TDC_DIST_TEST(FSDPTest, BadInput, .world_size = 2) {
   conformance::world();
   auto model = make_model("mlp");
   fsdp::fully_shard(model->child("0"));
-  EXPECT_THAT(error_of([&] { fsdp::fully_shard(model->child("0")); }), HasSubstr("type 'MLP' is already fully_shard'ed"));
+  EXPECT_THAT(error_of([&] { fsdp::fully_shard(model->child("0")); }),
+              HasSubstr("type 'MLP' is already fully_shard'ed"));
   EXPECT_THAT(error_of([&] { fsdp::as_fsdp(model->child("1")).unshard(); }),
               HasSubstr("module of type 'MLP' was never fully_shard'ed"));
 
@@ -545,14 +550,19 @@ TDC_DIST_TEST(FSDPTest, BadInput, .world_size = 2) {
 
   // Extensions: incomplete, or for a parameter no fully_shard'ed module owns.
   fsdp::AllGatherExtension incomplete;
-  incomplete.pre_all_gather_v1 = [](const at::Tensor& t, const DeviceMesh&) { return fsdp::PreAllGatherResult{{t}, nullptr}; };
+  incomplete.pre_all_gather_v1 = [](const at::Tensor& t, const DeviceMesh&) {
+    return fsdp::PreAllGatherResult{{t}, nullptr};
+  };
   EXPECT_THAT(error_of([&] { fsdp::set_all_gather_extension(*model, "0.in_proj.weight", incomplete); }),
               HasSubstr("needs post_all_gather"));
   incomplete.post_all_gather = [](const std::vector<at::Tensor>& o, const std::shared_ptr<void>&, at::ScalarType,
-                                  at::Tensor*) { return fsdp::PostAllGatherResult{o[0], {}}; };
+                                  at::Tensor*) {
+    return fsdp::PostAllGatherResult{o[0], {}};
+  };
   EXPECT_THAT(error_of([&] { fsdp::set_all_gather_extension(*model, "2.in_proj.weight", incomplete); }),
               HasSubstr("parameter '2.in_proj.weight' of MLPStack is not sharded by a fully_shard'ed module"));
-  EXPECT_THAT(error_of([&] { fsdp::set_all_gather_extension(*model, "0.nope.weight", incomplete); }), HasSubstr("nope"));
+  EXPECT_THAT(error_of([&] { fsdp::set_all_gather_extension(*model, "0.nope.weight", incomplete); }),
+              HasSubstr("nope"));
 
   // An optimizer step between forward and backward.
   auto m2 = make_model("mlp");
@@ -581,17 +591,17 @@ namespace {
 TDC_DIST_TEST(FSDPTest, DocsExample, .world_size = 2) {
   // --- docs/fsdp.md example begin ---
   using namespace tdc;
-  conformance::world();                                    // the default process group (2 ranks)
+  conformance::world();  // the default process group (2 ranks)
   DeviceMesh mesh = init_device_mesh("cpu", {2}, {"dp"});
 
-  at::manual_seed(0);                                      // same model on every rank
+  at::manual_seed(0);  // same model on every rank
   fixtures::ModelArgs args;
   args.dropout_p = 0.0;
   auto model = std::make_shared<fixtures::Transformer>(args);
 
   fsdp::FullyShardOptions options;
   options.mesh = mesh;
-  options.reshard_after_forward = true;                    // free each block's gathered weights after its forward
+  options.reshard_after_forward = true;  // free each block's gathered weights after its forward
   for (auto& [name, block] : model->child("layers").named_children_tdc()) fsdp::fully_shard(*block, options);
   fsdp::FSDPModule root = fsdp::fully_shard(*model, options);  // the root last: it owns what is left
 
@@ -602,12 +612,12 @@ TDC_DIST_TEST(FSDPTest, DocsExample, .world_size = 2) {
   torch::optim::Adam opt(model->params(), torch::optim::AdamOptions(1e-2));
   auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + mesh.get_local_rank());
   at::Tensor tokens = at::randint(args.vocab_size, {2, 8}, gen);  // each rank its own batch
-  at::Tensor loss = (*model)(tokens).sum();                // all-gathers, block by block
-  loss.backward();                                         // reduce-scatters: shard grads, averaged
+  at::Tensor loss = (*model)(tokens).sum();                       // all-gathers, block by block
+  loss.backward();                                                // reduce-scatters: shard grads, averaged
   opt.step();
   opt.zero_grad();
 
-  root.set_requires_gradient_sync(false);                  // gradient accumulation without comms
+  root.set_requires_gradient_sync(false);  // gradient accumulation without comms
   (*model)(tokens).sum().backward();
   root.set_requires_gradient_sync(true);
   // --- docs/fsdp.md example end ---

@@ -109,8 +109,7 @@ TDC_DIST_TEST(MeshTest, SlicingSeveralDimsAndFlattenOfASlice) {
   tdc::conformance::world();
   const int64_t r = tdc::harness::ctx().rank;
   tdc::DeviceMesh mesh = tdc::init_device_mesh("cpu", {2, 1, 2}, {"pp", "dp", "tp"});
-  EXPECT_EQ(mesh.to_string(),
-            "DeviceMesh('cpu', [[[0, 1]], [[2, 3]]], mesh_dim_names=('pp', 'dp', 'tp'))");
+  EXPECT_EQ(mesh.to_string(), "DeviceMesh('cpu', [[[0, 1]], [[2, 3]]], mesh_dim_names=('pp', 'dp', 'tp'))");
   tdc::DeviceMesh dp_tp = mesh[{"dp", "tp"}];
   EXPECT_EQ(dp_tp.shape(), (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(dp_tp.mesh_dim_names(), (std::vector<std::string>{"dp", "tp"}));
@@ -144,12 +143,21 @@ void expect_invalid(Fn fn, const std::vector<std::string>& parts) {
 
 TDC_DIST_TEST(MeshTest, BadInput) {
   tdc::conformance::world();
-  expect_invalid([] { tdc::init_device_mesh("cpu", {2, 3}, {"dp", "tp"}); },
-                 {"mesh shape [2, 3] holds 6 ranks, but the world size is 4"});
-  expect_invalid([] { tdc::init_device_mesh("cpu", {2, 2}, {"dp", "dp"}); },
-                 {"mesh dim name 'dp' appears twice in ('dp', 'dp')"});
-  expect_invalid([] { tdc::init_device_mesh("cpu", {2, 2}, {"dp"}); },
-                 {"1 mesh_dim_names ('dp') for a 2-d mesh shape [2, 2]"});
+  expect_invalid(
+      [] {
+        tdc::init_device_mesh("cpu", {2, 3}, {"dp", "tp"});
+      },
+      {"mesh shape [2, 3] holds 6 ranks, but the world size is 4"});
+  expect_invalid(
+      [] {
+        tdc::init_device_mesh("cpu", {2, 2}, {"dp", "dp"});
+      },
+      {"mesh dim name 'dp' appears twice in ('dp', 'dp')"});
+  expect_invalid(
+      [] {
+        tdc::init_device_mesh("cpu", {2, 2}, {"dp"});
+      },
+      {"1 mesh_dim_names ('dp') for a 2-d mesh shape [2, 2]"});
   tdc::DeviceMesh mesh = tdc::init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
   expect_invalid([&] { mesh["pp"]; }, {"no dim named 'pp'; this mesh's dims are ('dp', 'tp')"});
   expect_invalid([&] { mesh.get_group("cp"); }, {"no dim named 'cp'"});

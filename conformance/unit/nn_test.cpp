@@ -160,9 +160,8 @@ TDC_DIST_TEST(NnModule, HookWrongReplacementIsRejected) {
   EXPECT_THAT(msg, HasSubstr("forward pre-hook of module type 'Linear' returned an undefined tensor for input 0"));
   h.remove();
 
-  h = lin->register_forward_hook([](Module&, const Tensors&, const Tensors&) {
-    return std::optional<Tensors>(Tensors{at::Tensor()});
-  });
+  h = lin->register_forward_hook(
+      [](Module&, const Tensors&, const Tensors&) { return std::optional<Tensors>(Tensors{at::Tensor()}); });
   msg = error_of_type<std::invalid_argument>([&] { (*lin)(x); });
   EXPECT_THAT(msg, HasSubstr("forward hook of module type 'Linear' returned an undefined tensor for output 0"));
   h.remove();
@@ -340,8 +339,7 @@ TDC_DIST_TEST(NnModule, SubmoduleAndOwnerOf) {
 TDC_DIST_TEST(NnModule, DeepCopyCopiesValuesTiesModesAndNoRng) {
   auto shared = std::make_shared<Linear>(4, 4);
   auto root = std::make_shared<Sequential>(std::vector<ModulePtr>{
-      std::make_shared<MyBlock>(4), shared, std::make_shared<BatchNorm1d>(4), std::make_shared<Dropout>(0.5),
-      shared});
+      std::make_shared<MyBlock>(4), shared, std::make_shared<BatchNorm1d>(4), std::make_shared<Dropout>(0.5), shared});
   root->submodule("0").p("scale").requires_grad_(false);
   root->submodule("3").eval();
   (*root)(at::randn({3, 4}));  // BatchNorm running stats move away from their init
@@ -400,7 +398,8 @@ TDC_DIST_TEST(NnModule, DeepCopyOfWhatCannotBeCopiedNamesIt) {
   auto root = std::make_shared<Sequential>();
   root->register_child("layers", list);
   std::string msg = error_of_type<std::invalid_argument>([&] { root->deep_copy(); });
-  EXPECT_EQ(msg, "deep_copy: module 'layers.0' of type 'MyBlock' cannot be copied: it does not implement clone_empty()");
+  EXPECT_EQ(msg,
+            "deep_copy: module 'layers.0' of type 'MyBlock' cannot be copied: it does not implement clone_empty()");
   msg = error_of_type<std::invalid_argument>([&] { NoCopyBlock().deep_copy(); });
   EXPECT_EQ(msg, "deep_copy: module '(root)' of type 'MyBlock' cannot be copied: it does not implement clone_empty()");
   auto holder = std::make_shared<Sequential>(std::vector<ModulePtr>{std::make_shared<HoldsTorchLinear>()});
@@ -489,8 +488,8 @@ TDC_DIST_TEST(NnLayers, MatchPyTorchInitAndForward) {
     const auto& g = goldens()["layers"]["BatchNorm1d"];
     auto bufs = m.named_bufs();
     for (size_t i = 0; i < bufs.size(); ++i) {
-      expect_summary("BatchNorm1d buffer after train " + bufs[i].first, bufs[i].second,
-                     g["buffers_after_train"][i][1], 1e-6);
+      expect_summary("BatchNorm1d buffer after train " + bufs[i].first, bufs[i].second, g["buffers_after_train"][i][1],
+                     1e-6);
     }
     m.eval();
     expect_summary("BatchNorm1d eval output", m(x), g["eval_output"], 1e-5);
@@ -579,9 +578,9 @@ void expect_same_grads(Module& a, Module& b) {
 }
 
 TDC_DIST_TEST(NnCheckpoint, GradientsEqualTheNonCheckpointedRunWithDropout) {
-  auto ref = std::make_shared<Sequential>(std::vector<ModulePtr>{
-      std::make_shared<Linear>(6, 16), std::make_shared<Dropout>(0.3), std::make_shared<ReLU>(),
-      std::make_shared<Linear>(16, 4)});
+  auto ref = std::make_shared<Sequential>(
+      std::vector<ModulePtr>{std::make_shared<Linear>(6, 16), std::make_shared<Dropout>(0.3), std::make_shared<ReLU>(),
+                             std::make_shared<Linear>(16, 4)});
   auto ck = std::dynamic_pointer_cast<Sequential>(ref->deep_copy());
   checkpoint(*ck);
   EXPECT_TRUE(ck->checkpointed());
@@ -629,8 +628,8 @@ TDC_DIST_TEST(NnCheckpoint, TransformerLayerWithDropoutAndSelfAttention) {
 
 TDC_DIST_TEST(NnCheckpoint, HooksRunAgainInRecompute) {
   for (bool use_checkpoint : {false, true}) {
-    auto m = std::make_shared<Sequential>(
-        std::vector<ModulePtr>{std::make_shared<Linear>(4, 4), std::make_shared<GELU>()});
+    auto m =
+        std::make_shared<Sequential>(std::vector<ModulePtr>{std::make_shared<Linear>(4, 4), std::make_shared<GELU>()});
     if (use_checkpoint) checkpoint(*m);
     int pre = 0, post = 0, child_pre = 0;
     m->register_forward_pre_hook([&](Module&, const Tensors&) {

@@ -26,12 +26,12 @@
 namespace {
 
 using namespace tdc;
-using ::testing::HasSubstr;
 using harness::ctx;
 using tensor::Partial;
 using tensor::Placements;
 using tensor::Replicate;
 using tensor::Shard;
+using ::testing::HasSubstr;
 
 constexpr double kRtol = conformance::kFloat32Rtol, kAtol = conformance::kFloat32Atol;
 using conformance::error_of;
@@ -51,9 +51,11 @@ void expect_model_matches(nn::Module& tp_model, nn::Module& ref, const std::stri
     if (grads) {
       at::Tensor g = got[i].full_grad(), rg = want[i].second.grad();
       ASSERT_EQ(g.defined(), rg.defined()) << what << " gradient of '" << got[i].fqn << "'";
-      if (g.defined()) EXPECT_TRUE(conformance::all_close(g, rg, rtol, atol)) << what + " gradient of '" + got[i].fqn + "'";
+      if (g.defined())
+        EXPECT_TRUE(conformance::all_close(g, rg, rtol, atol)) << what + " gradient of '" + got[i].fqn + "'";
     } else {
-      EXPECT_TRUE(conformance::all_close(got[i].full(), want[i].second, rtol, atol)) << what + " parameter '" + got[i].fqn + "'";
+      EXPECT_TRUE(conformance::all_close(got[i].full(), want[i].second, rtol, atol))
+          << what + " parameter '" + got[i].fqn + "'";
     }
   }
 }
@@ -71,8 +73,7 @@ void colwise_rowwise_pair(int64_t dim, bool bias) {
   DeviceMesh mesh = tp_mesh();
   auto model = std::make_shared<fixtures::MLP>(dim, bias, /*with_buffer=*/false, /*dim_multiplier=*/3);
   nn::ModulePtr ref = reference_copy(*model);
-  tp::parallelize_module(*model, mesh,
-                         {{"in_proj", tp::ColwiseParallel{}}, {"out_proj", tp::RowwiseParallel{}}});
+  tp::parallelize_module(*model, mesh, {{"in_proj", tp::ColwiseParallel{}}, {"out_proj", tp::RowwiseParallel{}}});
   // Specs read back.
   auto w1 = tensor::param_dtensor(*model, "in_proj.weight");
   auto w2 = tensor::param_dtensor(*model, "out_proj.weight");
@@ -109,15 +110,14 @@ TDC_DIST_TEST(TpTest, ColwiseRowwiseLinearWorld4, .world_size = 4) { colwise_row
 // in forward, reduce-scatter of the partial gradient in backward); Colwise output Replicate.
 TDC_DIST_TEST(TpTest, ShardedActivationLayouts, .world_size = 2) {
   DeviceMesh mesh = tp_mesh();
-  auto model = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
-      std::make_shared<nn::Linear>(6, 8), std::make_shared<nn::Linear>(8, 10), std::make_shared<nn::Tanh>(),
-      std::make_shared<nn::Linear>(10, 6)});
+  auto model = std::make_shared<nn::Sequential>(
+      std::vector<nn::ModulePtr>{std::make_shared<nn::Linear>(6, 8), std::make_shared<nn::Linear>(8, 10),
+                                 std::make_shared<nn::Tanh>(), std::make_shared<nn::Linear>(10, 6)});
   nn::ModulePtr ref = reference_copy(*model);
-  tp::parallelize_module(
-      *model, mesh,
-      {{"0", tp::ColwiseParallel{}},
-       {"1", tp::RowwiseParallel{.output_layouts = Shard{0}}},
-       {"3", tp::ColwiseParallel{.input_layouts = Shard{0}, .output_layouts = Replicate{}}}});
+  tp::parallelize_module(*model, mesh,
+                         {{"0", tp::ColwiseParallel{}},
+                          {"1", tp::RowwiseParallel{.output_layouts = Shard{0}}},
+                          {"3", tp::ColwiseParallel{.input_layouts = Shard{0}, .output_layouts = Replicate{}}}});
   at::Tensor x = at::randn({4, 6}, gen(3)).requires_grad_(true);
   at::Tensor xr = x.detach().clone().requires_grad_(true);
   at::Tensor y = (*model)(x), yr = (*ref)(xr);
@@ -135,8 +135,10 @@ TDC_DIST_TEST(TpTest, PrepareModuleInputOutput, .world_size = 2) {
   nn::ModulePtr ref = reference_copy(*model);
   tp::parallelize_module(*model, mesh, {{"0", tp::ColwiseParallel{}}});
   // The module's input arrives sharded on dim 0, its output is wanted whole.
-  tp::parallelize_module(*model, mesh, tp::PrepareModuleInput{.input_layouts = {Shard{0}}, .desired_input_layouts = {Replicate{}}});
-  tp::parallelize_module(*model, mesh, tp::PrepareModuleOutput{.output_layouts = {Shard{-1}}, .desired_output_layouts = {Replicate{}}});
+  tp::parallelize_module(*model, mesh,
+                         tp::PrepareModuleInput{.input_layouts = {Shard{0}}, .desired_input_layouts = {Replicate{}}});
+  tp::parallelize_module(
+      *model, mesh, tp::PrepareModuleOutput{.output_layouts = {Shard{-1}}, .desired_output_layouts = {Replicate{}}});
   at::Tensor x = at::randn({4, 4}, gen(5));
   at::Tensor x_local = x.chunk(2, 0)[mesh.get_local_rank()].clone().requires_grad_(true);
   at::Tensor xr = x.clone().requires_grad_(true);
@@ -144,7 +146,8 @@ TDC_DIST_TEST(TpTest, PrepareModuleInputOutput, .world_size = 2) {
   EXPECT_TRUE(conformance::all_close(y, yr)) << "output";
   y.pow(2).sum().backward();
   yr.pow(2).sum().backward();
-  EXPECT_TRUE(conformance::all_close(x_local.grad(), xr.grad().chunk(2, 0)[mesh.get_local_rank()])) << "input gradient (this rank's rows)";
+  EXPECT_TRUE(conformance::all_close(x_local.grad(), xr.grad().chunk(2, 0)[mesh.get_local_rank()]))
+      << "input gradient (this rank's rows)";
   expect_model_matches(*model, *ref, "", true);
 }
 
@@ -157,7 +160,8 @@ void embedding_case(const std::string& style, const std::string& out_layout) {
   nn::ModulePtr ref = reference_copy(*model);
   tp::Placement out = out_layout == "replicate" ? tp::Placement(Replicate{}) : tp::Placement(Shard{1});
   if (style == "rowwise") {
-    tp::parallelize_module(*model, mesh, {{"0", tp::RowwiseParallel{.input_layouts = Replicate{}, .output_layouts = out}}});
+    tp::parallelize_module(*model, mesh,
+                           {{"0", tp::RowwiseParallel{.input_layouts = Replicate{}, .output_layouts = out}}});
     EXPECT_EQ(tensor::param_dtensor(*model, "0.weight")->placements(), Placements{Shard{0}});
   } else {
     tp::parallelize_module(*model, mesh, {{"0", tp::ColwiseParallel{.output_layouts = out}}});
@@ -186,9 +190,10 @@ void embedding_case(const std::string& style, const std::string& out_layout) {
 }
 
 TDC_DIST_TEST(TpTest, EmbeddingWorld2, .world_size = 2) {
-  harness::subtests({{"style", {std::string("rowwise"), std::string("colwise")}},
-                     {"output", {std::string("replicate"), std::string("shard1")}}},
-                    [](const harness::Params& p) { embedding_case(p.get<std::string>("style"), p.get<std::string>("output")); });
+  harness::subtests(
+      {{"style", {std::string("rowwise"), std::string("colwise")}},
+       {"output", {std::string("replicate"), std::string("shard1")}}},
+      [](const harness::Params& p) { embedding_case(p.get<std::string>("style"), p.get<std::string>("output")); });
 }
 TDC_DIST_TEST(TpTest, EmbeddingWorld4, .world_size = 4) {
   harness::subtests({{"style", {std::string("rowwise"), std::string("colwise")}}},
@@ -283,10 +288,9 @@ void transformer_parity(int64_t n_layers, bool seq_parallel) {
 }
 
 void transformer_grid() {
-  harness::subtests({{"n_layers", {int64_t(2), int64_t(3)}}, {"seq_parallel", {false, true}}},
-                    [](const harness::Params& p) {
-                      transformer_parity(p.get<int64_t>("n_layers"), p.get<bool>("seq_parallel"));
-                    });
+  harness::subtests(
+      {{"n_layers", {int64_t(2), int64_t(3)}}, {"seq_parallel", {false, true}}},
+      [](const harness::Params& p) { transformer_parity(p.get<int64_t>("n_layers"), p.get<bool>("seq_parallel")); });
 }
 TDC_DIST_TEST(TpTest, TransformerParityTP2, .world_size = 2, .timeout_s = 120) { transformer_grid(); }
 TDC_DIST_TEST(TpTest, TransformerParityTP4, .world_size = 4, .timeout_s = 120) { transformer_grid(); }
@@ -300,8 +304,9 @@ TEST(TpPlanTest, WildcardsMatchInModuleOrder) {
   auto found = tp::match_modules(model, "layers.*.attention.w[qk]");
   std::vector<std::string> names;
   for (auto& [fqn, m] : found) names.push_back(fqn);
-  EXPECT_EQ(names, (std::vector<std::string>{"layers.0.attention.wq", "layers.0.attention.wk", "layers.1.attention.wq",
-                                             "layers.1.attention.wk", "layers.2.attention.wq", "layers.2.attention.wk"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"layers.0.attention.wq", "layers.0.attention.wk", "layers.1.attention.wq",
+                                      "layers.1.attention.wk", "layers.2.attention.wq", "layers.2.attention.wk"}));
   EXPECT_EQ(tp::match_modules(model, "layers.[12].feed_forward.w?").size(), 4u);
   EXPECT_EQ(tp::match_modules(model, "output").size(), 1u);
   EXPECT_TRUE(tp::match_modules(model, "layers.*.attn").empty());
@@ -345,10 +350,12 @@ TDC_DIST_TEST(TpTest, BadPlansLeaveTheModuleUntouched, .world_size = 2) {
 
   // Layout lists of different lengths; a Partial input layout.
   msg = error_of([&] {
-    tp::parallelize_module(*model, mesh, {{"0", tp::PrepareModuleInput{.input_layouts = {Shard{0}, Replicate{}},
-                                                                        .desired_input_layouts = {Replicate{}}}}});
+    tp::parallelize_module(*model, mesh,
+                           {{"0", tp::PrepareModuleInput{.input_layouts = {Shard{0}, Replicate{}},
+                                                         .desired_input_layouts = {Replicate{}}}}});
   });
-  EXPECT_THAT(msg, HasSubstr("PrepareModuleInput on '0' (MLP): input_layouts has 2 entries but desired_input_layouts has 1"));
+  EXPECT_THAT(
+      msg, HasSubstr("PrepareModuleInput on '0' (MLP): input_layouts has 2 entries but desired_input_layouts has 1"));
   msg = error_of([&] {
     tp::parallelize_module(*model, mesh, {{"0.in_proj", tp::ColwiseParallel{.input_layouts = Partial{}}}});
   });
@@ -362,7 +369,9 @@ TDC_DIST_TEST(TpTest, BadPlansLeaveTheModuleUntouched, .world_size = 2) {
   // Re-parallelizing a parameter another way.
   tp::parallelize_module(*model, mesh, {{"0.in_proj", tp::ColwiseParallel{}}});
   msg = error_of([&] { tp::parallelize_module(*model, mesh, {{"0.in_proj", tp::RowwiseParallel{}}}); });
-  EXPECT_THAT(msg, HasSubstr("RowwiseParallel on '0.in_proj' (Linear): parameter 'weight' is already distributed as (Shard(0))"));
+  EXPECT_THAT(
+      msg,
+      HasSubstr("RowwiseParallel on '0.in_proj' (Linear): parameter 'weight' is already distributed as (Shard(0))"));
 }
 
 TDC_DIST_TEST(TpTest, MeshMustBeOneDimensional, .world_size = 4) {
@@ -394,17 +403,17 @@ namespace {
 TDC_DIST_TEST(TpTest, DocsExample, .world_size = 2) {
   // --- docs/tp.md example begin ---
   using namespace tdc;
-  conformance::world();                                   // the default process group (2 ranks)
+  conformance::world();  // the default process group (2 ranks)
   DeviceMesh mesh = init_device_mesh("cpu", {2}, {"tp"});
 
-  at::manual_seed(0);                                     // same model on every rank
+  at::manual_seed(0);  // same model on every rank
   auto model = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
       std::make_shared<nn::Linear>(8, 32), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(32, 8)});
-  nn::ModulePtr reference = model->deep_copy();           // unsharded, to compare with
+  nn::ModulePtr reference = model->deep_copy();  // unsharded, to compare with
 
   tp::parallelize_module(*model, mesh,
-                         {{"0", tp::ColwiseParallel{}},   // weight, bias Shard(0): output Shard(-1)
-                          {"2", tp::RowwiseParallel{}}}); // weight Shard(1): partial sums all-reduced
+                         {{"0", tp::ColwiseParallel{}},    // weight, bias Shard(0): output Shard(-1)
+                          {"2", tp::RowwiseParallel{}}});  // weight Shard(1): partial sums all-reduced
 
   // The registered parameters are the local shards (what optimizers see); their specs make them
   // read back as DTensors.
@@ -412,10 +421,10 @@ TDC_DIST_TEST(TpTest, DocsExample, .world_size = 2) {
   // w->placements() == {Shard{0}}, w->shape() == {32, 8}, w->to_local().sizes() == {16, 8}
 
   torch::optim::AdamW opt(model->params(), torch::optim::AdamWOptions(1e-3));
-  at::Tensor x = at::randn({4, 8});                       // same input on every rank
-  at::Tensor loss = (*model)(x).pow(2).mean();            // forward: one all-reduce
+  at::Tensor x = at::randn({4, 8});             // same input on every rank
+  at::Tensor loss = (*model)(x).pow(2).mean();  // forward: one all-reduce
   loss.backward();
-  at::Tensor full_grad = w->grad()->full_tensor();        // [32, 8], all-gathered
+  at::Tensor full_grad = w->grad()->full_tensor();  // [32, 8], all-gathered
   opt.step();
   // --- docs/tp.md example end ---
 

@@ -26,10 +26,14 @@ std::map<std::string, TestOptions>& suite_options() {
 
 const char* to_string(Launcher l) {
   switch (l) {
-    case Launcher::Fork: return "fork";
-    case Launcher::Thread: return "thread";
-    case Launcher::Spawn: return "spawn";
-    case Launcher::Env: return "env";
+    case Launcher::Fork:
+      return "fork";
+    case Launcher::Thread:
+      return "thread";
+    case Launcher::Spawn:
+      return "spawn";
+    case Launcher::Env:
+      return "env";
   }
   return "?";
 }
@@ -82,10 +86,10 @@ std::string store_str(c10d::Store& s, const std::string& key) {
   }
   // A peer that failed or skipped already explains the test's outcome: end this rank quietly.
   if (loud.empty()) throw detail::PeerLeft(fmt::format("{} left", fmt::join(quiet, ", ")));
-  throw std::runtime_error(fmt::format(
-      "barrier #{}: {} returned from the test body without entering this barrier; the ranks are "
-      "misaligned (a rank skipped a collective or barrier the others entered)",
-      barrier_index, fmt::join(loud, ", ")));
+  throw std::runtime_error(
+      fmt::format("barrier #{}: {} returned from the test body without entering this barrier; the ranks are "
+                  "misaligned (a rank skipped a collective or barrier the others entered)",
+                  barrier_index, fmt::join(loud, ", ")));
 }
 }  // namespace
 
@@ -202,8 +206,7 @@ namespace {
 class RankReporter : public testing::ScopedFakeTestPartResultReporter {
  public:
   RankReporter(EventSink& sink, int rank)
-      : ScopedFakeTestPartResultReporter(INTERCEPT_ONLY_CURRENT_THREAD, &unused_), sink_(sink),
-        rank_(rank) {}
+      : ScopedFakeTestPartResultReporter(INTERCEPT_ONLY_CURRENT_THREAD, &unused_), sink_(sink), rank_(rank) {}
 
   void ReportTestPartResult(const testing::TestPartResult& r) override {
     std::string prefix = fmt::format("[rank {}] ", rank_);
@@ -246,8 +249,7 @@ void mark_left(const RankContext& c, const std::string& how) {
 
 }  // namespace
 
-void run_rank(const RankContext& c, const std::function<void()>& body, EventSink& sink,
-              int num_threads) {
+void run_rank(const RankContext& c, const std::function<void()>& body, EventSink& sink, int num_threads) {
   auto t0 = std::chrono::steady_clock::now();
   ContextScope scope(c);
   {
@@ -257,8 +259,8 @@ void run_rank(const RankContext& c, const std::function<void()>& body, EventSink
       failed_by_exception = true;
       std::string msg = fmt::format("[rank {}] ", c.rank);
       if (!t_subtest.empty()) msg += "[subtest " + t_subtest + "] ";
-      sink.write({{"e", "fail"}, {"rank", c.rank}, {"file", ""}, {"line", 0},
-                  {"msg", msg + "uncaught exception: " + what}});
+      sink.write(
+          {{"e", "fail"}, {"rank", c.rank}, {"file", ""}, {"line", 0}, {"msg", msg + "uncaught exception: " + what}});
     };
     bool peer_left = false;
     try {
@@ -268,8 +270,7 @@ void run_rank(const RankContext& c, const std::function<void()>& body, EventSink
         if (num_threads > 0) at::set_num_threads(num_threads);
         at::manual_seed(c.seed);
       }
-      if (c.device.is_cuda())
-        c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(c.device);
+      if (c.device.is_cuda()) c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(c.device);
       body();
     } catch (const PeerLeft&) {
       peer_left = true;  // a peer failed or skipped and left; its own event explains the outcome

@@ -40,8 +40,7 @@ struct PeerLeft : std::runtime_error {
 
 // Runs `body` as rank ctx.rank on the calling thread: installs the context, seeds, intercepts
 // GoogleTest results and exceptions, and streams events. Never throws.
-void run_rank(const RankContext& ctx, const std::function<void()>& body, EventSink& sink,
-              int num_threads);
+void run_rank(const RankContext& ctx, const std::function<void()>& body, EventSink& sink, int num_threads);
 
 // Installs (and clears) the calling thread's context.
 struct ContextScope {

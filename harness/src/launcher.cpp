@@ -20,8 +20,8 @@ namespace tdc::harness {
 namespace detail {
 namespace {
 
-RankContext make_context(const LaunchSpec& spec, int rank, int local_rank,
-                         c10::intrusive_ptr<c10d::Store> store, const std::string& temp_dir) {
+RankContext make_context(const LaunchSpec& spec, int rank, int local_rank, c10::intrusive_ptr<c10d::Store> store,
+                         const std::string& temp_dir) {
   const internal::RunSettings& s = internal::settings();
   RankContext c;
   c.rank = rank;
@@ -130,8 +130,7 @@ Outcome launch_local(const LaunchSpec& spec, const std::function<void()>& body) 
         auto store = c10::make_intrusive<c10d::HashStore>();
         EventSink sink(p.events[1]);
         std::vector<RankContext> contexts;
-        for (int r = 0; r < spec.world_size; ++r)
-          contexts.push_back(make_context(spec, r, r, store, temp_dir));
+        for (int r = 0; r < spec.world_size; ++r) contexts.push_back(make_context(spec, r, r, store, temp_dir));
         // [Note: parked rank threads] The host process is thrown away after the test, so a
         // finished rank thread parks instead of exiting: its thread_local state (process
         // groups, whose Gloo teardown costs 20-40 ms) is never destroyed, exactly as a forked
@@ -176,8 +175,8 @@ Outcome launch_local(const LaunchSpec& spec, const std::function<void()>& body) 
             std::vector<std::string> args = {
                 "/proc/self/exe",
                 fmt::format("--gtest_filter={}.{}", spec.suite, spec.name),
-                fmt::format("--tdc_child={},{},{},{},{},{}", r, spec.world_size, kEventsFd, spec.seed,
-                            spec.num_threads, temp_dir),
+                fmt::format("--tdc_child={},{},{},{},{},{}", r, spec.world_size, kEventsFd, spec.seed, spec.num_threads,
+                            temp_dir),
                 fmt::format("--tdc_timeout={}", spec.timeout_s),
                 "--tdc_backend=" + s.backend,
                 "--tdc_device=" + s.device_type,
@@ -199,8 +198,8 @@ Outcome launch_local(const LaunchSpec& spec, const std::function<void()>& body) 
       }
     }
     outcome = sup.run();
-    const bool show = internal::settings().show_output || outcome.status == Status::Fail ||
-                      outcome.status == Status::Timeout;
+    const bool show =
+        internal::settings().show_output || outcome.status == Status::Fail || outcome.status == Status::Timeout;
     if (show) {
       for (auto& c : sup.children()) {
         if (c.output.empty()) continue;
@@ -242,10 +241,10 @@ c10::intrusive_ptr<c10d::Store> env_store() {
   int port = env_int("MASTER_PORT", -1);
   int rank = env_int("RANK", -1), world = env_int("WORLD_SIZE", -1);
   if (!addr || port < 0 || rank < 0 || world < 1)
-    throw std::invalid_argument(fmt::format(
-        "the env launcher needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (got RANK={}, "
-        "WORLD_SIZE={}, MASTER_ADDR={}, MASTER_PORT={})",
-        rank, world, addr ? addr : "(unset)", port));
+    throw std::invalid_argument(
+        fmt::format("the env launcher needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (got RANK={}, "
+                    "WORLD_SIZE={}, MASTER_ADDR={}, MASTER_PORT={})",
+                    rank, world, addr ? addr : "(unset)", port));
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(port);
   o.isServer = rank == 0;
@@ -263,15 +262,15 @@ Outcome launch_env(const LaunchSpec& spec0, const std::function<void()>& body) {
   if (spec.world_size != spec0.world_size) {
     Outcome o;
     o.status = Status::Skip;
-    o.message = fmt::format("{}.{} needs world size {}, but the external launcher started {} ranks",
-                            spec.suite, spec.name, spec0.world_size, spec.world_size);
+    o.message = fmt::format("{}.{} needs world size {}, but the external launcher started {} ranks", spec.suite,
+                            spec.name, spec0.world_size, spec.world_size);
     return o;
   }
   const int local_rank = env_int("LOCAL_RANK", rank);
   auto base = env_store();
   static int test_counter = 0;
-  auto store = c10::make_intrusive<c10d::PrefixStore>(
-      fmt::format("tdc/{}/{}.{}", test_counter++, spec.suite, spec.name), base);
+  auto store =
+      c10::make_intrusive<c10d::PrefixStore>(fmt::format("tdc/{}/{}.{}", test_counter++, spec.suite, spec.name), base);
   // One temp dir per host, made by the host's local rank 0... ranks on other hosts see a path
   // that does not exist there and make their own (tests that need a shared dir document it).
   const auto t0 = std::chrono::steady_clock::now();
@@ -303,15 +302,19 @@ Outcome launch_env(const LaunchSpec& spec0, const std::function<void()>& body) {
     while (!finished && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     if (finished) return;
-    std::fprintf(stderr, "tdc: [rank %d] %s.%s timed out after %.1f s; stacks:\n", rank,
-                 spec.suite.c_str(), spec.name.c_str(), spec.timeout_s);
+    std::fprintf(stderr, "tdc: [rank %d] %s.%s timed out after %.1f s; stacks:\n", rank, spec.suite.c_str(),
+                 spec.name.c_str(), spec.timeout_s);
     install_rank_signal_handlers(temp_dir + fmt::format("/stacks.env.{}", rank), rank);
     std::string st = capture_stacks(getpid(), temp_dir + fmt::format("/stacks.env.{}", rank), 2.0);
     std::fputs(st.c_str(), stderr);
     try {
-      std::string d = nlohmann::json({{"e", "fail"}, {"rank", rank}, {"file", ""}, {"line", 0},
+      std::string d = nlohmann::json({{"e", "fail"},
+                                      {"rank", rank},
+                                      {"file", ""},
+                                      {"line", 0},
                                       {"msg", fmt::format("[rank {}] TIMEOUT after {:.1f} s", rank, spec.timeout_s)}})
-                          .dump() + "\n";
+                          .dump() +
+                      "\n";
       store->set(fmt::format("tdc/result/{}", rank), std::vector<uint8_t>(d.begin(), d.end()));
     } catch (...) {
     }
@@ -345,9 +348,13 @@ Outcome launch_env(const LaunchSpec& spec0, const std::function<void()>& body) {
         auto v = store->get(key);
         sup.ingest(std::string(v.begin(), v.end()));
       } catch (const std::exception& e) {
-        sup.ingest(nlohmann::json({{"e", "fail"}, {"rank", r}, {"file", ""}, {"line", 0},
+        sup.ingest(nlohmann::json({{"e", "fail"},
+                                   {"rank", r},
+                                   {"file", ""},
+                                   {"line", 0},
                                    {"msg", fmt::format("[rank {}] no result within the deadline: {}", r, e.what())}})
-                       .dump() + "\n" + nlohmann::json({{"e", "done"}, {"rank", r}, {"dur", 0}}).dump() + "\n");
+                       .dump() +
+                   "\n" + nlohmann::json({{"e", "done"}, {"rank", r}, {"dur", 0}}).dump() + "\n");
       }
     }
     o = sup.outcome_from_events(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -363,8 +370,7 @@ Outcome launch_env(const LaunchSpec& spec0, const std::function<void()>& body) {
 }  // namespace detail
 
 Outcome launch(const LaunchSpec& spec, const std::function<void()>& body) {
-  if (spec.world_size < 1)
-    throw std::invalid_argument(fmt::format("world size must be >= 1, got {}", spec.world_size));
+  if (spec.world_size < 1) throw std::invalid_argument(fmt::format("world size must be >= 1, got {}", spec.world_size));
   if (spec.launcher == Launcher::Env) return detail::launch_env(spec, body);
   return detail::launch_local(spec, body);
 }

@@ -75,33 +75,46 @@ void apply(const std::string& name, const std::string& value, bool has_value) {
   auto need = [&] {
     if (!has_value || value.empty()) throw std::invalid_argument(flag + " needs a value (" + flag + "=...)");
   };
-  if (name == "launcher") need(), s.launcher = launcher_from_string(value);
-  else if (name == "backend") need(), s.backend = value;
-  else if (name == "backend_lib") s.backend_lib = value;
+  if (name == "launcher")
+    need(), s.launcher = launcher_from_string(value);
+  else if (name == "backend")
+    need(), s.backend = value;
+  else if (name == "backend_lib")
+    s.backend_lib = value;
   else if (name == "device") {
     need();
     if (value != "cpu" && value != "cuda")
       throw std::invalid_argument(fmt::format("{} must be cpu or cuda, got '{}'", flag, value));
     s.device_type = value;
-  } else if (name == "timeout") need(), s.timeout_s = parse_double(flag, value);
-  else if (name == "abort_grace") need(), s.abort_grace_s = parse_double(flag, value);
-  else if (name == "stacks_timeout") need(), s.stacks_timeout_s = parse_double(flag, value);
-  else if (name == "preflight") preflight_requested() = truthy(value);
+  } else if (name == "timeout")
+    need(), s.timeout_s = parse_double(flag, value);
+  else if (name == "abort_grace")
+    need(), s.abort_grace_s = parse_double(flag, value);
+  else if (name == "stacks_timeout")
+    need(), s.stacks_timeout_s = parse_double(flag, value);
+  else if (name == "preflight")
+    preflight_requested() = truthy(value);
   else if (name == "world_size") {
     need();
     s.default_world_size = parse_int(flag, value);
     if (s.default_world_size < 1) throw std::invalid_argument(flag + " must be >= 1");
-  } else if (name == "keep_temp") s.keep_temp = truthy(value);
-  else if (name == "show_output") s.show_output = truthy(value);
+  } else if (name == "keep_temp")
+    s.keep_temp = truthy(value);
+  else if (name == "show_output")
+    s.show_output = truthy(value);
   else if (name == "stacks") {
     need();
     if (value != "signal" && value != "gdb" && value != "both")
       throw std::invalid_argument(fmt::format("{} must be signal, gdb or both, got '{}'", flag, value));
     s.stacks = value;
-  } else if (name == "results") need(), s.results_path = value;
-  else if (name == "junit") need(), s.junit_path = value;
-  else if (name == "expectations") need(), s.expectations_path = value;
-  else if (name == "events_fd") need(), s.events_fd = parse_int(flag, value);
+  } else if (name == "results")
+    need(), s.results_path = value;
+  else if (name == "junit")
+    need(), s.junit_path = value;
+  else if (name == "expectations")
+    need(), s.expectations_path = value;
+  else if (name == "events_fd")
+    need(), s.events_fd = parse_int(flag, value);
   else if (name == "implementation") {
     need();
     auto colon = value.find(':');
@@ -126,18 +139,18 @@ void apply(const std::string& name, const std::string& value, bool has_value) {
     c.num_threads = parse_int(flag, parts[4]);
     c.temp_dir = value.substr(start);
   } else {
-    throw std::invalid_argument(fmt::format(
-        "unknown flag {} (known: --tdc_launcher, --tdc_backend, --tdc_backend_lib, --tdc_device, "
-        "--tdc_timeout, --tdc_world_size, --tdc_keep_temp, --tdc_show_output, --tdc_stacks, "
-        "--tdc_results, --tdc_junit, --tdc_expectations, --tdc_events_fd, --tdc_implementation, "
-        "--tdc_abort_grace, --tdc_stacks_timeout, --tdc_preflight)",
-        flag));
+    throw std::invalid_argument(
+        fmt::format("unknown flag {} (known: --tdc_launcher, --tdc_backend, --tdc_backend_lib, --tdc_device, "
+                    "--tdc_timeout, --tdc_world_size, --tdc_keep_temp, --tdc_show_output, --tdc_stacks, "
+                    "--tdc_results, --tdc_junit, --tdc_expectations, --tdc_events_fd, --tdc_implementation, "
+                    "--tdc_abort_grace, --tdc_stacks_timeout, --tdc_preflight)",
+                    flag));
   }
 }
 
-const char* kEnvSettings[] = {"launcher", "backend", "backend_lib", "device", "timeout", "world_size",
-                              "keep_temp", "show_output", "stacks", "results", "junit", "expectations",
-                              "implementation", "abort_grace", "stacks_timeout"};
+const char* kEnvSettings[] = {"launcher",   "backend",      "backend_lib",    "device",      "timeout",
+                              "world_size", "keep_temp",    "show_output",    "stacks",      "results",
+                              "junit",      "expectations", "implementation", "abort_grace", "stacks_timeout"};
 
 // ---------------------------------------------------------------- results listener
 class ResultsListener : public testing::EmptyTestEventListener {
@@ -192,7 +205,8 @@ class ResultsListener : public testing::EmptyTestEventListener {
       r.world_size = last.world_size;
       r.launcher = last.launcher;
       // An assertion in the TEST body itself (outside the ranks) still fails the test.
-      if (r.status == Status::Pass && g.Failed()) r.status = Status::Fail, r.message = fmt::format("{}", fmt::join(msgs, "\n"));
+      if (r.status == Status::Pass && g.Failed())
+        r.status = Status::Fail, r.message = fmt::format("{}", fmt::join(msgs, "\n"));
     }
     if (r.status == Status::Pass) r.message.clear();
     apply_expectations(r, expectations_);
@@ -215,9 +229,7 @@ class ResultsListener : public testing::EmptyTestEventListener {
   const RunResults& results() const { return results_; }
 
  private:
-  static std::string id(const testing::TestInfo& t) {
-    return std::string(t.test_suite_name()) + "." + t.name();
-  }
+  static std::string id(const testing::TestInfo& t) { return std::string(t.test_suite_name()) + "." + t.name(); }
   void emit(const nlohmann::json& j) {
     int fd = internal::settings().events_fd;
     if (fd < 0) return;
@@ -281,7 +293,7 @@ int main(int argc, char** argv) {
   }
   testing::InitGoogleTest(&argc, argv);
   if (detail::child_spec().active) return RUN_ALL_TESTS();  // the rank _exit()s inside its test
-  auto* listener = new ResultsListener;  // owned by GoogleTest
+  auto* listener = new ResultsListener;                     // owned by GoogleTest
   testing::UnitTest::GetInstance()->listeners().Append(listener);
   int rc = RUN_ALL_TESTS();
   // Expectations can turn failures into XFAIL: the results decide the exit code.
@@ -292,4 +304,3 @@ int main(int argc, char** argv) {
 }  // namespace internal
 
 }  // namespace tdc::harness
-

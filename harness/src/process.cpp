@@ -194,9 +194,7 @@ bool Supervisor::child_crashed(const ChildProc& c) const {
 
 Outcome Supervisor::run() {
   using clock = std::chrono::steady_clock;
-  auto secs = [](double s) {
-    return std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(s));
-  };
+  auto secs = [](double s) { return std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(s)); };
   const auto t0 = clock::now();
   const auto deadline = t0 + secs(spec_.timeout_s);
   std::optional<clock::time_point> abort_at;
@@ -212,8 +210,7 @@ Outcome Supervisor::run() {
     }
     if (abort_at && now >= *abort_at) break;
     auto until = abort_at ? std::min(*abort_at, deadline) : deadline;
-    int wait_ms = static_cast<int>(
-        std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count()) + 1;
+    int wait_ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count()) + 1;
 
     std::vector<pollfd> fds;
     std::vector<std::pair<size_t, int>> owner;  // (child index, 0=pidfd 1=events 2=output)
@@ -252,8 +249,7 @@ Outcome Supervisor::run() {
           if (first_bad_rank_ < 0 && !c.ranks.empty()) first_bad_rank_ = c.ranks.front();
         }
       }
-      if (!abort_at && first_bad_rank_ >= 0)
-        abort_at = clock::now() + secs(internal::settings().abort_grace_s);
+      if (!abort_at && first_bad_rank_ >= 0) abort_at = clock::now() + secs(internal::settings().abort_grace_s);
     }
   }
 
@@ -316,11 +312,11 @@ std::string tail_lines(const std::string& s, size_t max_lines, size_t max_bytes)
 std::string Supervisor::crash_reason(const ChildProc& c, int rank) const {
   std::string who = rank >= 0 || c.ranks.size() == 1
                         ? fmt::format("[rank {}] process", rank >= 0 ? rank : c.ranks[0])
-                        : fmt::format("[ranks {}] process (thread launcher: one process hosts every rank; "
-                                      "its output names the rank that failed)",
-                                      fmt::join(c.ranks, ", "));
-  if (WIFSIGNALED(c.wait_status))
-    return fmt::format("{} died from {}", who, signal_name(WTERMSIG(c.wait_status)));
+                        : fmt::format(
+                              "[ranks {}] process (thread launcher: one process hosts every rank; "
+                              "its output names the rank that failed)",
+                              fmt::join(c.ranks, ", "));
+  if (WIFSIGNALED(c.wait_status)) return fmt::format("{} died from {}", who, signal_name(WTERMSIG(c.wait_status)));
   if (WIFEXITED(c.wait_status))
     return fmt::format("{} exited with code {} before its test body finished", who, WEXITSTATUS(c.wait_status));
   return fmt::format("{} ended abnormally (wait status {})", who, c.wait_status);
@@ -389,8 +385,8 @@ Outcome Supervisor::make_outcome(bool timed_out, const std::string& stacks, doub
 
   if (timed_out) {
     o.status = Status::Timeout;
-    o.message = fmt::format("timed out after {:.1f} s (deadline {:.1f} s); ranks still running: [{}]\n{}",
-                            elapsed, spec_.timeout_s, fmt::join(still_running, ", "), stacks);
+    o.message = fmt::format("timed out after {:.1f} s (deadline {:.1f} s); ranks still running: [{}]\n{}", elapsed,
+                            spec_.timeout_s, fmt::join(still_running, ", "), stacks);
   } else if (!crash_msgs.empty()) {
     o.status = Status::Crash;
     o.message = fmt::format("{}", fmt::join(crash_msgs, "\n"));
@@ -402,10 +398,11 @@ Outcome Supervisor::make_outcome(bool timed_out, const std::string& stacks, doub
     o.status = not_supported ? Status::NotSupported : Status::Skip;
     o.message = skip_msgs.front();
     if (!ran_ranks.empty() || !aborted_ranks_.empty()) {
-      o.message += fmt::format(
-          "\nranks disagree on the skip: skipped on [{}], not skipped on [{}]{}",
-          fmt::join(skipped_ranks, ", "), fmt::join(ran_ranks, ", "),
-          aborted_ranks_.empty() ? "" : fmt::format(", stopped while running on [{}]", fmt::join(aborted_ranks_, ", ")));
+      o.message += fmt::format("\nranks disagree on the skip: skipped on [{}], not skipped on [{}]{}",
+                               fmt::join(skipped_ranks, ", "), fmt::join(ran_ranks, ", "),
+                               aborted_ranks_.empty()
+                                   ? ""
+                                   : fmt::format(", stopped while running on [{}]", fmt::join(aborted_ranks_, ", ")));
     }
   }
   // A hang after some ranks returned cleanly is usually a misalignment (a returned rank skipped a
@@ -424,8 +421,8 @@ Outcome Supervisor::make_outcome(bool timed_out, const std::string& stacks, doub
   }
   if (!aborted_ranks_.empty() && !timed_out && o.status != Status::Pass && first_bad_rank_ >= 0 &&
       o.status != Status::Skip && o.status != Status::NotSupported) {
-    o.message += fmt::format("\nranks [{}] were stopped after rank {} failed", fmt::join(aborted_ranks_, ", "),
-                             first_bad_rank_);
+    o.message +=
+        fmt::format("\nranks [{}] were stopped after rank {} failed", fmt::join(aborted_ranks_, ", "), first_bad_rank_);
     if (!stacks.empty()) o.message += "\n" + stacks;
   }
   return o;

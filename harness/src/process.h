@@ -14,8 +14,8 @@ namespace tdc::harness::detail {
 struct ChildProc {
   pid_t pid = -1;
   int pidfd = -1;
-  int events_fd = -1;   // read end of the rank -> parent event pipe
-  int output_fd = -1;   // read end of the child's stdout+stderr
+  int events_fd = -1;      // read end of the rank -> parent event pipe
+  int output_fd = -1;      // read end of the child's stdout+stderr
   std::vector<int> ranks;  // ranks this process hosts (one, or all for the thread launcher)
   std::string stacks_path;
   // filled by the supervisor

@@ -45,17 +45,16 @@ const char* to_string(Status s) {
 Status status_from_string(const std::string& s) {
   for (const auto& [status, name] : kStatusNames)
     if (s == name) return status;
-  throw std::invalid_argument(fmt::format(
-      "unknown test status '{}' (expected one of PASS, FAIL, SKIP, NOT_SUPPORTED, XFAIL, XPASS, "
-      "TIMEOUT, CRASH, FLAKY)",
-      s));
+  throw std::invalid_argument(
+      fmt::format("unknown test status '{}' (expected one of PASS, FAIL, SKIP, NOT_SUPPORTED, XFAIL, XPASS, "
+                  "TIMEOUT, CRASH, FLAKY)",
+                  s));
 }
 
 namespace {
 constexpr std::pair<RankStatus, const char*> kRankStatusNames[] = {
-    {RankStatus::Pass, "pass"},       {RankStatus::Fail, "fail"},
-    {RankStatus::Skip, "skip"},       {RankStatus::Crash, "crash"},
-    {RankStatus::Timeout, "timeout"}, {RankStatus::Aborted, "aborted"},
+    {RankStatus::Pass, "pass"},       {RankStatus::Fail, "fail"},       {RankStatus::Skip, "skip"},
+    {RankStatus::Crash, "crash"},     {RankStatus::Timeout, "timeout"}, {RankStatus::Aborted, "aborted"},
     {RankStatus::Unknown, "unknown"},
 };
 }  // namespace
@@ -69,13 +68,12 @@ const char* to_string(RankStatus s) {
 RankStatus rank_status_from_string(const std::string& s) {
   for (const auto& [status, name] : kRankStatusNames)
     if (s == name) return status;
-  throw std::invalid_argument(fmt::format(
-      "unknown rank status '{}' (expected one of pass, fail, skip, crash, timeout, aborted, unknown)", s));
+  throw std::invalid_argument(
+      fmt::format("unknown rank status '{}' (expected one of pass, fail, skip, crash, timeout, aborted, unknown)", s));
 }
 
 bool is_failure(Status s) {
-  return s == Status::Fail || s == Status::XPass || s == Status::Timeout || s == Status::Crash ||
-         s == Status::Flaky;
+  return s == Status::Fail || s == Status::XPass || s == Status::Timeout || s == Status::Crash || s == Status::Flaky;
 }
 
 std::map<Status, int> RunResults::counts() const {
@@ -113,10 +111,8 @@ nlohmann::json to_json(const RunResults& r) {
   for (const TestResult& t : r.tests) {
     json ranks = json::array();
     for (const RankDetail& d : t.ranks) {
-      json jd = {{"rank", d.rank},
-                 {"status", to_string(d.status)},
-                 {"message", d.message},
-                 {"duration_s", d.duration_s}};
+      json jd = {
+          {"rank", d.rank}, {"status", to_string(d.status)}, {"message", d.message}, {"duration_s", d.duration_s}};
       if (d.exit_code) jd["exit_code"] = *d.exit_code;
       if (d.signal) jd["signal"] = *d.signal;
       ranks.push_back(std::move(jd));
@@ -185,9 +181,7 @@ class Reader {
     return *v;
   }
   Reader object(const char* key) const { return Reader(*find(key, true), field(key)); }
-  std::string field(const std::string& key) const {
-    return path_.empty() ? key : fmt::format("{}.{}", path_, key);
-  }
+  std::string field(const std::string& key) const { return path_.empty() ? key : fmt::format("{}.{}", path_, key); }
   std::string where() const { return path_.empty() ? "top level" : path_; }
 
  private:
@@ -200,8 +194,7 @@ class Reader {
     return &*it;
   }
   [[noreturn]] void type_error(const char* key, const char* expected, const json& v) const {
-    throw std::runtime_error(
-        fmt::format("{}: expected {}, got {} {}", field(key), expected, v.type_name(), v.dump()));
+    throw std::runtime_error(fmt::format("{}: expected {}, got {} {}", field(key), expected, v.type_name(), v.dump()));
   }
 
   const json& j_;
@@ -218,10 +211,10 @@ RunResults results_from_json(const nlohmann::json& j) {
   RunResults r;
   r.schema_version = top.integer("schema_version");
   if (r.schema_version != kSchemaVersion)
-    throw std::runtime_error(fmt::format(
-        "schema_version: {} is not supported (this tdc reads schema_version {}; see "
-        "docs/results-schema.md)",
-        r.schema_version, kSchemaVersion));
+    throw std::runtime_error(
+        fmt::format("schema_version: {} is not supported (this tdc reads schema_version {}; see "
+                    "docs/results-schema.md)",
+                    r.schema_version, kSchemaVersion));
 
   Reader ri = top.object("run_info");
   RunInfo& i = r.run_info;
@@ -294,14 +287,12 @@ RunResults results_from_json(const nlohmann::json& j) {
 RunResults read_results(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   if (!in)
-    throw std::runtime_error(
-        fmt::format("results file '{}': cannot open: {}", p.string(), std::strerror(errno)));
+    throw std::runtime_error(fmt::format("results file '{}': cannot open: {}", p.string(), std::strerror(errno)));
   json j;
   try {
     j = json::parse(in);
   } catch (const json::parse_error& e) {
-    throw std::runtime_error(
-        fmt::format("results file '{}': not valid JSON: {}", p.string(), e.what()));
+    throw std::runtime_error(fmt::format("results file '{}': not valid JSON: {}", p.string(), e.what()));
   }
   try {
     return results_from_json(j);
@@ -322,16 +313,14 @@ void write_file_atomic(const fs::path& p, const std::string& text) {
   if (!dir.empty()) {
     fs::create_directories(dir, ec);
     if (ec)
-      throw std::runtime_error(fmt::format("cannot create directory '{}' for '{}': {}",
-                                           dir.string(), p.filename().string(), ec.message()));
+      throw std::runtime_error(
+          fmt::format("cannot create directory '{}' for '{}': {}", dir.string(), p.filename().string(), ec.message()));
   }
   std::random_device rd;
   fs::path tmp = p;
   tmp += fmt::format(".tmp.{}.{:08x}", ::getpid(), rd());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0)
-    throw std::runtime_error(
-        fmt::format("cannot create '{}': {}", tmp.string(), std::strerror(errno)));
+  if (fd < 0) throw std::runtime_error(fmt::format("cannot create '{}': {}", tmp.string(), std::strerror(errno)));
   auto fail = [&](const char* what) {
     int err = errno;
     ::close(fd);
@@ -351,22 +340,19 @@ void write_file_atomic(const fs::path& p, const std::string& text) {
   if (::close(fd) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
-    throw std::runtime_error(
-        fmt::format("cannot close '{}': {}", tmp.string(), std::strerror(err)));
+    throw std::runtime_error(fmt::format("cannot close '{}': {}", tmp.string(), std::strerror(err)));
   }
   if (::rename(tmp.c_str(), p.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
-    throw std::runtime_error(fmt::format("cannot rename '{}' to '{}': {}", tmp.string(),
-                                         p.string(), std::strerror(err)));
+    throw std::runtime_error(
+        fmt::format("cannot rename '{}' to '{}': {}", tmp.string(), p.string(), std::strerror(err)));
   }
 }
 
 }  // namespace
 
-void write_results_json(const RunResults& r, const fs::path& p) {
-  write_file_atomic(p, dump(to_json(r)) + "\n");
-}
+void write_results_json(const RunResults& r, const fs::path& p) { write_file_atomic(p, dump(to_json(r)) + "\n"); }
 
 // ------------------------------------------------------------------ JUnit XML
 
@@ -382,15 +368,31 @@ void append_xml_escaped(std::string& out, const std::string& s, bool attribute) 
     unsigned char c = b[i];
     if (c < 0x80) {
       switch (c) {
-        case '&': out += "&amp;"; break;
-        case '<': out += "&lt;"; break;
-        case '>': out += "&gt;"; break;
-        case '"': out += "&quot;"; break;
-        case '\'': out += "&apos;"; break;
+        case '&':
+          out += "&amp;";
+          break;
+        case '<':
+          out += "&lt;";
+          break;
+        case '>':
+          out += "&gt;";
+          break;
+        case '"':
+          out += "&quot;";
+          break;
+        case '\'':
+          out += "&apos;";
+          break;
         // In attributes, whitespace must be escaped or a parser normalises it to spaces.
-        case '\n': out += attribute ? "&#10;" : "\n"; break;
-        case '\t': out += attribute ? "&#9;" : "\t"; break;
-        case '\r': out += "&#13;"; break;
+        case '\n':
+          out += attribute ? "&#10;" : "\n";
+          break;
+        case '\t':
+          out += attribute ? "&#9;" : "\t";
+          break;
+        case '\r':
+          out += "&#13;";
+          break;
         default:
           if (c < 0x20 || c == 0x7f)
             out += fmt::format("\\x{:02x}", c);  // not representable in XML 1.0
@@ -410,8 +412,7 @@ void append_xml_escaped(std::string& out, const std::string& s, bool attribute) 
     }
     if (valid) {
       static const uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-      valid = cp >= kMin[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF) &&
-              cp != 0xFFFE && cp != 0xFFFF;
+      valid = cp >= kMin[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF) && cp != 0xFFFE && cp != 0xFFFF;
     }
     if (valid) {
       out.append(s, i, len);
@@ -442,8 +443,8 @@ std::string first_line(const std::string& s) {
 }
 
 void append_testcase(std::string& out, const TestResult& t) {
-  out += fmt::format("    <testcase name=\"{}\" classname=\"{}\" time=\"{}\" status=\"{}\"",
-                     xml(t.name), xml(t.suite), seconds(t.duration_s), to_string(t.status));
+  out += fmt::format("    <testcase name=\"{}\" classname=\"{}\" time=\"{}\" status=\"{}\"", xml(t.name), xml(t.suite),
+                     seconds(t.duration_s), to_string(t.status));
   std::string body;
   std::string message = t.message;
   if (!t.expectation.empty()) message += (message.empty() ? "" : "\n") + ("expectation: " + t.expectation);
@@ -453,19 +454,18 @@ void append_testcase(std::string& out, const TestResult& t) {
     case Status::Fail:
     case Status::XPass:
     case Status::Flaky:
-      body = fmt::format("      <failure message=\"{}\" type=\"{}\">{}</failure>\n",
-                         xml(first_line(message)), to_string(t.status), xml(message, false));
+      body = fmt::format("      <failure message=\"{}\" type=\"{}\">{}</failure>\n", xml(first_line(message)),
+                         to_string(t.status), xml(message, false));
       break;
     case Status::Timeout:
     case Status::Crash:
-      body = fmt::format("      <error message=\"{}\" type=\"{}\">{}</error>\n",
-                         xml(first_line(message)), to_string(t.status), xml(message, false));
+      body = fmt::format("      <error message=\"{}\" type=\"{}\">{}</error>\n", xml(first_line(message)),
+                         to_string(t.status), xml(message, false));
       break;
     case Status::Skip:
     case Status::NotSupported:
     case Status::XFail:
-      body = fmt::format("      <skipped message=\"{}: {}\"/>\n", to_string(t.status),
-                         xml(first_line(message)));
+      body = fmt::format("      <skipped message=\"{}: {}\"/>\n", to_string(t.status), xml(first_line(message)));
       break;
   }
   if (body.empty()) {
@@ -482,15 +482,27 @@ struct Tally {
     ++tests;
     time += t.duration_s;
     switch (t.status) {
-      case Status::Fail: case Status::XPass: case Status::Flaky: ++failures; break;
-      case Status::Timeout: case Status::Crash: ++errors; break;
-      case Status::Skip: case Status::NotSupported: case Status::XFail: ++skipped; break;
-      case Status::Pass: break;
+      case Status::Fail:
+      case Status::XPass:
+      case Status::Flaky:
+        ++failures;
+        break;
+      case Status::Timeout:
+      case Status::Crash:
+        ++errors;
+        break;
+      case Status::Skip:
+      case Status::NotSupported:
+      case Status::XFail:
+        ++skipped;
+        break;
+      case Status::Pass:
+        break;
     }
   }
   std::string attrs() const {
-    return fmt::format("tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"{}\" time=\"{}\"",
-                       tests, failures, errors, skipped, seconds(time));
+    return fmt::format("tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"{}\" time=\"{}\"", tests, failures, errors,
+                       skipped, seconds(time));
   }
 };
 
@@ -510,27 +522,26 @@ void write_junit_xml(const RunResults& r, const fs::path& p) {
 
   const RunInfo& i = r.run_info;
   std::string props;
-  for (const auto& [k, v] : std::initializer_list<std::pair<const char*, std::string>>{
-           {"implementation", i.implementation},
-           {"implementation_version", i.implementation_version},
-           {"backend", i.backend},
-           {"device", i.device},
-           {"world_size", std::to_string(i.world_size)},
-           {"launcher", i.launcher},
-           {"suite_revision", i.suite_revision},
-           {"tdc_version", i.tdc_version},
-           {"libtorch_version", i.libtorch_version}}) {
+  for (const auto& [k, v] :
+       std::initializer_list<std::pair<const char*, std::string>>{{"implementation", i.implementation},
+                                                                  {"implementation_version", i.implementation_version},
+                                                                  {"backend", i.backend},
+                                                                  {"device", i.device},
+                                                                  {"world_size", std::to_string(i.world_size)},
+                                                                  {"launcher", i.launcher},
+                                                                  {"suite_revision", i.suite_revision},
+                                                                  {"tdc_version", i.tdc_version},
+                                                                  {"libtorch_version", i.libtorch_version}}) {
     props += fmt::format("      <property name=\"{}\" value=\"{}\"/>\n", k, xml(v));
   }
 
   std::string out = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-  out += fmt::format("<testsuites name=\"tdc\" {} timestamp=\"{}\">\n", all.attrs(),
-                     xml(i.started_at));
+  out += fmt::format("<testsuites name=\"tdc\" {} timestamp=\"{}\">\n", all.attrs(), xml(i.started_at));
   for (const std::string& suite : order) {
     Tally s;
     for (const TestResult* t : by_suite[suite]) s.add(*t);
-    out += fmt::format("  <testsuite name=\"{}\" {} timestamp=\"{}\" hostname=\"{}\">\n",
-                       xml(suite), s.attrs(), xml(i.started_at), xml(i.host));
+    out += fmt::format("  <testsuite name=\"{}\" {} timestamp=\"{}\" hostname=\"{}\">\n", xml(suite), s.attrs(),
+                       xml(i.started_at), xml(i.host));
     out += "    <properties>\n" + props + "    </properties>\n";
     for (const TestResult* t : by_suite[suite]) append_testcase(out, *t);
     out += "  </testsuite>\n";
@@ -544,14 +555,12 @@ void write_junit_xml(const RunResults& r, const fs::path& p) {
 Expectations read_expectations(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   if (!in)
-    throw std::runtime_error(
-        fmt::format("expectations file '{}': cannot open: {}", p.string(), std::strerror(errno)));
+    throw std::runtime_error(fmt::format("expectations file '{}': cannot open: {}", p.string(), std::strerror(errno)));
   json j;
   try {
     j = json::parse(in);
   } catch (const json::parse_error& e) {
-    throw std::runtime_error(
-        fmt::format("expectations file '{}': not valid JSON: {}", p.string(), e.what()));
+    throw std::runtime_error(fmt::format("expectations file '{}': not valid JSON: {}", p.string(), e.what()));
   }
   try {
     Reader top(j, "");
@@ -583,8 +592,7 @@ void apply_expectations(TestResult& t, const Expectations& e) {
     x = &it->second;
   } else {
     for (const auto& [pattern, value] : e) {
-      if (pattern.find_first_of("*?[") != std::string::npos &&
-          ::fnmatch(pattern.c_str(), t.id.c_str(), 0) == 0) {
+      if (pattern.find_first_of("*?[") != std::string::npos && ::fnmatch(pattern.c_str(), t.id.c_str(), 0) == 0) {
         x = &value;
         break;
       }

@@ -281,8 +281,7 @@ std::string capture_stacks(pid_t pid, const std::string& stacks_path, double bud
   if (mode == "signal" || mode == "both") {
     ::unlink(stacks_path.c_str());
     if (kill(pid, SIGUSR2) == 0) {
-      auto deadline = std::chrono::steady_clock::now() +
-                      std::chrono::duration<double>(std::min(budget_s, 2.0));
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::min(budget_s, 2.0));
       while (std::chrono::steady_clock::now() < deadline) {
         std::string s = read_file(stacks_path);
         if (s.find("--- end of stacks") != std::string::npos) break;

@@ -10,9 +10,12 @@ std::string to_string(const ParamValue& v) {
   return std::visit(
       [](const auto& x) -> std::string {
         using T = std::decay_t<decltype(x)>;
-        if constexpr (std::is_same_v<T, bool>) return x ? "True" : "False";  // PyTorch's spelling
-        else if constexpr (std::is_same_v<T, std::string>) return x;
-        else return fmt::format("{}", x);
+        if constexpr (std::is_same_v<T, bool>)
+          return x ? "True" : "False";  // PyTorch's spelling
+        else if constexpr (std::is_same_v<T, std::string>)
+          return x;
+        else
+          return fmt::format("{}", x);
       },
       v);
 }
@@ -22,8 +25,8 @@ const ParamValue& Params::value(const std::string& name) const {
     if (k == name) return v;
   std::vector<std::string> keys;
   for (auto& kv : items) keys.push_back(kv.first);
-  throw std::out_of_range(fmt::format("subtest parameter '{}' does not exist (parameters: {})", name,
-                                      fmt::join(keys, ", ")));
+  throw std::out_of_range(
+      fmt::format("subtest parameter '{}' does not exist (parameters: {})", name, fmt::join(keys, ", ")));
 }
 
 std::string Params::str() const {

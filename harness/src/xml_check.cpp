@@ -60,9 +60,7 @@ class Checker {
     while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) ++i_;
   }
   static bool name_start(unsigned char c) { return std::isalpha(c) || c == '_' || c == ':' || c >= 0x80; }
-  static bool name_char(unsigned char c) {
-    return name_start(c) || std::isdigit(c) || c == '-' || c == '.';
-  }
+  static bool name_char(unsigned char c) { return name_start(c) || std::isdigit(c) || c == '-' || c == '.'; }
   std::string name() {
     size_t start = i_;
     if (i_ >= s_.size() || !name_start(s_[i_])) fail("expected a name");
@@ -83,12 +81,11 @@ class Checker {
     if (!ok && ref.size() > 1 && ref[0] == '#') {
       bool hex = ref[1] == 'x';
       std::string digits = ref.substr(hex ? 2 : 1);
-      ok = !digits.empty() && digits.find_first_not_of(hex ? "0123456789abcdefABCDEF" : "0123456789") ==
-                                  std::string::npos;
+      ok = !digits.empty() &&
+           digits.find_first_not_of(hex ? "0123456789abcdefABCDEF" : "0123456789") == std::string::npos;
       if (ok) {
         unsigned long cp = std::stoul(digits, nullptr, hex ? 16 : 10);
-        ok = cp == 0x9 || cp == 0xA || cp == 0xD || (cp >= 0x20 && cp <= 0x10FFFF &&
-                                                     !(cp >= 0xD800 && cp <= 0xDFFF));
+        ok = cp == 0x9 || cp == 0xA || cp == 0xD || (cp >= 0x20 && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF));
       }
     }
     if (!ok) fail(fmt::format("invalid entity reference '&{};'", ref));
@@ -110,10 +107,14 @@ class Checker {
   void misc() {
     for (;;) {
       spaces();
-      if (starts("<!--")) comment();
-      else if (starts("<?")) processing_instruction();
-      else if (starts("<!DOCTYPE")) fail("DOCTYPE is not supported");
-      else return;
+      if (starts("<!--"))
+        comment();
+      else if (starts("<?"))
+        processing_instruction();
+      else if (starts("<!DOCTYPE"))
+        fail("DOCTYPE is not supported");
+      else
+        return;
     }
   }
   void attribute_value() {
@@ -170,14 +171,18 @@ class Checker {
         expect(">");
         return;
       }
-      if (starts("<!--")) comment();
+      if (starts("<!--"))
+        comment();
       else if (starts("<![CDATA[")) {
         size_t end = s_.find("]]>", i_);
         if (end == std::string::npos) fail("unterminated CDATA section");
         i_ = end + 3;
-      } else if (starts("<?")) processing_instruction();
-      else if (peek('<')) element(out);
-      else if (peek('&')) reference();
+      } else if (starts("<?"))
+        processing_instruction();
+      else if (peek('<'))
+        element(out);
+      else if (peek('&'))
+        reference();
       else {
         if (starts("]]>")) fail("']]>' in character data");
         character(static_cast<unsigned char>(s_[i_]));

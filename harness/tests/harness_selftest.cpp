@@ -85,8 +85,14 @@ TDC_DIST_SUITE(HarnessBasics, .world_size = 4);
 TDC_DIST_TEST(HarnessBasics, ContextFork, .launcher = Launcher::Fork) { check_context(4, Launcher::Fork); }
 TDC_DIST_TEST(HarnessBasics, ContextThread, .launcher = Launcher::Thread) { check_context(4, Launcher::Thread); }
 TDC_DIST_TEST(HarnessBasics, ContextSpawn, .launcher = Launcher::Spawn) { check_context(4, Launcher::Spawn); }
-TDC_DIST_TEST(HarnessBasics, WorldSizeOne, .world_size = 1) { EXPECT_EQ(ctx().world_size, 1); barrier(); }
-TDC_DIST_TEST(HarnessBasics, WorldSizeThree, .world_size = 3) { EXPECT_EQ(ctx().world_size, 3); barrier(); }
+TDC_DIST_TEST(HarnessBasics, WorldSizeOne, .world_size = 1) {
+  EXPECT_EQ(ctx().world_size, 1);
+  barrier();
+}
+TDC_DIST_TEST(HarnessBasics, WorldSizeThree, .world_size = 3) {
+  EXPECT_EQ(ctx().world_size, 3);
+  barrier();
+}
 
 // Used by the env-launcher self-test (two processes started like torchrun would).
 TDC_DIST_TEST(HarnessBasics, TwoRanks, .world_size = 2) {
@@ -112,7 +118,8 @@ TDC_DIST_TEST(HarnessBasics, TypedSubtestsRunInOrderOnEveryRank, .world_size = 2
     seen.emplace_back(a, n);
     set_str(*ctx().store, "typed/" + std::to_string(seen.size()) + "/" + std::to_string(ctx().rank), "x");
   });
-  const std::vector<std::pair<bool, int64_t>> want = {{true, 1}, {true, 2}, {true, 3}, {false, 1}, {false, 2}, {false, 3}};
+  const std::vector<std::pair<bool, int64_t>> want = {{true, 1},  {true, 2},  {true, 3},
+                                                      {false, 1}, {false, 2}, {false, 3}};
   EXPECT_EQ(seen, want);
   // Every rank ran every combination (the barrier after each one makes the keys visible).
   for (int r = 0; r < ctx().world_size; ++r) EXPECT_EQ(get_str(*ctx().store, "typed/6/" + std::to_string(r)), "x");
@@ -167,14 +174,16 @@ TEST(HarnessUnit, TypedSubtestsDeliverTypedValuesInCartesianOrder) {
   // A lambda works as well, and an axis can come from a vector built at run time.
   std::vector<int> sizes = {3, 1};
   std::vector<std::pair<int, float>> got;
-  subtests(Axis<int>("size", sizes), Axis<float>("scale", {0.5f}), [&](int size, float scale) { got.emplace_back(size, scale); });
+  subtests(Axis<int>("size", sizes), Axis<float>("scale", {0.5f}),
+           [&](int size, float scale) { got.emplace_back(size, scale); });
   EXPECT_EQ(got, (std::vector<std::pair<int, float>>{{3, 0.5f}, {1, 0.5f}}));
 }
 
 TEST(HarnessUnit, TypedSubtestsRejectAnEmptyAxisBeforeRunningAny) {
   int calls = 0;
   try {
-    subtests(Axis<bool>("reshard", {true}), Axis<int64_t>("mlp_dim", std::vector<int64_t>{}), [&](bool, int64_t) { ++calls; });
+    subtests(Axis<bool>("reshard", {true}), Axis<int64_t>("mlp_dim", std::vector<int64_t>{}),
+             [&](bool, int64_t) { ++calls; });
     FAIL() << "an empty axis must throw";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("'mlp_dim' has no values"), std::string::npos) << e.what();
@@ -186,13 +195,12 @@ TEST(HarnessUnit, TypedSubtestsRejectAnEmptyAxisBeforeRunningAny) {
 // subtests after it still run.
 TEST(HarnessUnit, TypedSubtestFailureDoesNotStopTheOthers) {
   std::vector<int64_t> ran;
-  EXPECT_NONFATAL_FAILURE(
-      subtests(Axis<int64_t>("n", {1, 2, 3}),
-               [&](int64_t n) {
-                 ran.push_back(n);
-                 if (n == 2) throw std::runtime_error("n two");
-               }),
-      "uncaught exception: n two");
+  EXPECT_NONFATAL_FAILURE(subtests(Axis<int64_t>("n", {1, 2, 3}),
+                                   [&](int64_t n) {
+                                     ran.push_back(n);
+                                     if (n == 2) throw std::runtime_error("n two");
+                                   }),
+                          "uncaught exception: n two");
   EXPECT_EQ(ran, (std::vector<int64_t>{1, 2, 3}));
 }
 
@@ -232,7 +240,8 @@ struct ChildRun {
 };
 
 std::string fresh_dir(const std::string& what) {
-  std::string t = (std::filesystem::temp_directory_path() / ("tdc-selftest-" + what + "-" + std::string(6, 'X'))).string();
+  std::string t =
+      (std::filesystem::temp_directory_path() / ("tdc-selftest-" + what + "-" + std::string(6, 'X'))).string();
   std::vector<char> b(t.begin(), t.end());
   b.push_back(0);
   if (!mkdtemp(b.data())) throw std::runtime_error("mkdtemp failed");
@@ -262,8 +271,8 @@ std::vector<int> processes_with_token(const std::string& token) {
 
 struct ChildOptions {
   std::vector<std::string> args;
-  std::vector<std::string> env;        // extra KEY=VALUE
-  double interrupt_after_s = 0;        // send SIGTERM after this long (0: never)
+  std::vector<std::string> env;  // extra KEY=VALUE
+  double interrupt_after_s = 0;  // send SIGTERM after this long (0: never)
   std::string binary = "tdc_harness_mustfail";
 };
 
@@ -362,8 +371,8 @@ struct Expected {
   Status status;
   std::vector<std::string> in_message;
   When when = When::Prompt;
-  double deadline_s = 20;       // the test's deadline (MustFail suite default: 20 s)
-  double stacks_budget_s = 2;   // the run's stack-capture budget (signal: 2 s)
+  double deadline_s = 20;      // the test's deadline (MustFail suite default: 20 s)
+  double stacks_budget_s = 2;  // the run's stack-capture budget (signal: 2 s)
 };
 
 // Runs `test` in a child harness and checks it against `e`; returns the run for further checks.
@@ -373,8 +382,8 @@ ChildRun expect_outcome(const std::string& test, const Expected& e, const ChildO
   EXPECT_EQ(to_string(t.status), std::string(to_string(e.status))) << t.message << "\n" << r.output;
   for (auto& m : e.in_message) EXPECT_TRUE(contains(t.message, m)) << "'" << m << "' not in:\n" << t.message;
   if (e.when == When::Prompt) {
-    EXPECT_LT(t.duration_s, e.deadline_s / 2) << test << ": reported after " << t.duration_s
-                                              << " s, deadline " << e.deadline_s << " s";
+    EXPECT_LT(t.duration_s, e.deadline_s / 2)
+        << test << ": reported after " << t.duration_s << " s, deadline " << e.deadline_s << " s";
   } else {
     EXPECT_GE(t.duration_s, e.deadline_s) << test << " timed out before its deadline";
     EXPECT_LT(t.duration_s, 2 * e.deadline_s + e.stacks_budget_s)
@@ -389,7 +398,8 @@ void expect_status(const char* test, Status status, std::vector<std::string> in_
   expect_outcome(std::string("MustFail.") + test, {status, std::move(in_message)});
 }
 void expect_timeout(const char* test, std::vector<std::string> in_message, double deadline_s) {
-  expect_outcome(std::string("MustFail.") + test, {Status::Timeout, std::move(in_message), When::AtDeadline, deadline_s});
+  expect_outcome(std::string("MustFail.") + test,
+                 {Status::Timeout, std::move(in_message), When::AtDeadline, deadline_s});
 }
 // The first line of a result's message.
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
@@ -404,7 +414,8 @@ TEST(HarnessMustFail, CrashOnOneRank) {
   EXPECT_EQ(t.ranks[1].signal, SIGSEGV);
 }
 TEST(HarnessMustFail, HangOnOneRankTimesOutWithStacks) {
-  expect_timeout("HangOnOneRank", {"ranks still running: [0, 1, 2, 3]", "stacks of rank 2", "tdc_mustfail::sleep_forever()"}, 3);
+  expect_timeout("HangOnOneRank",
+                 {"ranks still running: [0, 1, 2, 3]", "stacks of rank 2", "tdc_mustfail::sleep_forever()"}, 3);
 }
 TEST(HarnessMustFail, ExceptionOnOneRank) {
   expect_status("ExceptionOnOneRank", Status::Fail, {"[rank 3]", "boom from rank 3", "stopped after rank 3 failed"});
@@ -415,9 +426,9 @@ TEST(HarnessMustFail, AssertInSubtestNamesRankAndParameters) {
 // The typed form names its parameters exactly as the string-keyed one: only the last
 // combination fails, and only its label appears.
 TEST(HarnessMustFail, AssertInTypedSubtestNamesRankAndParameters) {
-  ChildRun r = expect_outcome("MustFail.AssertInTypedSubtest",
-                              {Status::Fail, {"[rank 1] [subtest reshard_after_forward=True, mlp_dim=16]",
-                                              "mlp_dim 16 fails with reshard"}});
+  ChildRun r = expect_outcome(
+      "MustFail.AssertInTypedSubtest",
+      {Status::Fail, {"[rank 1] [subtest reshard_after_forward=True, mlp_dim=16]", "mlp_dim 16 fails with reshard"}});
   const TestResult& t = only_test(r);
   EXPECT_FALSE(contains(t.message, "reshard_after_forward=False")) << t.message;
   EXPECT_FALSE(contains(t.message, "mlp_dim=2]")) << t.message;
@@ -425,15 +436,11 @@ TEST(HarnessMustFail, AssertInTypedSubtestNamesRankAndParameters) {
 TEST(HarnessMustFail, SkipDisagreementIsReported) {
   expect_status("SkipDisagreement", Status::Skip, {"rank 0 wants to skip", "ranks disagree", "skipped on [0]"});
 }
-TEST(HarnessMustFail, SkipOnAllRanks) {
-  expect_status("SkipOnAllRanks", Status::Skip, {"nothing to do on this host"});
-}
+TEST(HarnessMustFail, SkipOnAllRanks) { expect_status("SkipOnAllRanks", Status::Skip, {"nothing to do on this host"}); }
 TEST(HarnessMustFail, SkipIfLtXGpu) {
   expect_status("SkipIfLtXGpu", Status::Skip, {"skip_if_lt_x_gpu(64)", "found 0"});
 }
-TEST(HarnessMustFail, NotSupported) {
-  expect_status("NotSupported", Status::NotSupported, {"CPUOffloadPolicy"});
-}
+TEST(HarnessMustFail, NotSupported) { expect_status("NotSupported", Status::NotSupported, {"CPUOffloadPolicy"}); }
 TEST(HarnessMustFail, MissingCapabilityIsNotSupported) {
   expect_status("MissingCapability", Status::NotSupported, {"fsdp2.cpu_offload"});
 }
@@ -444,7 +451,8 @@ TEST(HarnessMustFail, ThreadLauncherException) {
   expect_status("ThreadExceptionOnOneRank", Status::Fail, {"[rank 3]", "boom from thread rank 3"});
 }
 TEST(HarnessMustFail, ThreadLauncherHang) {
-  expect_timeout("ThreadHangOnOneRank", {"ranks still running: [0, 1, 2, 3]", "(tdc-rank2)", "tdc_mustfail::sleep_forever()"}, 3);
+  expect_timeout("ThreadHangOnOneRank",
+                 {"ranks still running: [0, 1, 2, 3]", "(tdc-rank2)", "tdc_mustfail::sleep_forever()"}, 3);
 }
 TEST(HarnessMustFail, ThreadLauncherCrash) {
   expect_status("ThreadCrashOnOneRank", Status::Crash, {"SIGABRT", "tdc: rank 1 received fatal signal"});
@@ -453,7 +461,8 @@ TEST(HarnessMustFail, SpawnLauncherCrash) {
   expect_status("SpawnCrashOnOneRank", Status::Crash, {"[rank 1]", "SIGSEGV"});
 }
 TEST(HarnessMustFail, SpawnLauncherHang) {
-  expect_timeout("SpawnHangOnOneRank", {"ranks still running: [0, 1, 2, 3]", "stacks of rank 0", "tdc_mustfail::sleep_forever()"}, 3);
+  expect_timeout("SpawnHangOnOneRank",
+                 {"ranks still running: [0, 1, 2, 3]", "stacks of rank 0", "tdc_mustfail::sleep_forever()"}, 3);
 }
 TEST(HarnessMustFail, DeadlineComesFromTheFlagWhenTheTestSetsNone) {
   ChildOptions o;
@@ -468,16 +477,19 @@ TEST(HarnessMustFail, GdbStacksOnRequest) {
   // (a budget gdb does not need costs nothing) and holds the harness to deadline + budget.
   ChildOptions o;
   o.args = {"--tdc_timeout=2", "--tdc_stacks=both", "--tdc_stacks_timeout=240"};
-  expect_outcome("MustFailDefaults.HangAloneWithRunDeadline",
-                 {Status::Timeout, {"Thread 1 (", "tdc_mustfail::sleep_forever", "--- end of stacks"},
-                  When::AtDeadline, 2, 240},
-                 o);
+  expect_outcome(
+      "MustFailDefaults.HangAloneWithRunDeadline",
+      {Status::Timeout, {"Thread 1 (", "tdc_mustfail::sleep_forever", "--- end of stacks"}, When::AtDeadline, 2, 240},
+      o);
 }
 
 // ---- misaligned ranks: reported as the failure that caused them, promptly, with stacks
 TEST(HarnessMustFail, ExceptionInSubtestThenCollectiveIsAPromptFail) {
-  Expected e{Status::Fail, {"ranks [0, 1, 2, 3] were stopped after rank 1 failed", "==== stacks of rank 0",
-                            "tdc_mustfail::collective"}, When::Prompt, 60};
+  Expected e{
+      Status::Fail,
+      {"ranks [0, 1, 2, 3] were stopped after rank 1 failed", "==== stacks of rank 0", "tdc_mustfail::collective"},
+      When::Prompt,
+      60};
   ChildRun r = expect_outcome("MustFail.ExceptionInSubtestThenCollective", e);
   const TestResult& t = only_test(r);
   EXPECT_EQ(first_line(t.message), "[rank 1] [subtest x=1] uncaught exception: boom in subtest on rank 1") << t.message;
@@ -489,14 +501,18 @@ TEST(HarnessMustFail, FailedAssertInSubtestThenCollectiveIsAPromptFail) {
   EXPECT_TRUE(contains(first_line(t.message), "[rank 2] [subtest x=1]")) << t.message;
 }
 TEST(HarnessMustFail, FailedExpectThenCollectiveIsAPromptFail) {
-  expect_outcome("MustFail.FailedExpectThenCollective",
-                 {Status::Fail, {"[rank 0] ", "rank 0 computed the wrong sum", "stopped after rank 0 failed",
-                                 "==== stacks of rank 1"}, When::Prompt, 60});
+  expect_outcome("MustFail.FailedExpectThenCollective", {Status::Fail,
+                                                         {"[rank 0] ", "rank 0 computed the wrong sum",
+                                                          "stopped after rank 0 failed", "==== stacks of rank 1"},
+                                                         When::Prompt,
+                                                         60});
 }
 TEST(HarnessMustFail, ReturnEarlyWhileOthersEnterBarrierIsAPromptFail) {
   expect_outcome("MustFail.ReturnEarlyWhileOthersEnterBarrier",
-                 {Status::Fail, {"barrier #1: rank 2 (pass) returned from the test body without entering this barrier"},
-                  When::Prompt, 60});
+                 {Status::Fail,
+                  {"barrier #1: rank 2 (pass) returned from the test body without entering this barrier"},
+                  When::Prompt,
+                  60});
 }
 TEST(HarnessMustFail, ThreadReturnEarlyWhileOthersEnterBarrierIsAPromptFail) {
   expect_outcome("MustFail.ThreadReturnEarlyWhileOthersEnterBarrier",

@@ -68,7 +68,8 @@ namespace tdc_mustfail {
 // Unlike barrier(), it does not notice ranks that left: it waits as a real collective would.
 void collective(const std::string& name) {
   const auto& c = ctx();
-  if (c.store->add("collective/" + name, 1) == c.world_size) c.store->set("collective/" + name + "/done", std::string("1"));
+  if (c.store->add("collective/" + name, 1) == c.world_size)
+    c.store->set("collective/" + name + "/done", std::string("1"));
   c.store->wait({"collective/" + name + "/done"});
 }
 }  // namespace tdc_mustfail
@@ -104,8 +105,7 @@ TDC_DIST_TEST(MustFail, ReturnEarlyWhileOthersEnterBarrier, .timeout_s = 60) {
   barrier();
 }
 
-TDC_DIST_TEST(MustFail, ThreadReturnEarlyWhileOthersEnterBarrier, .timeout_s = 60,
-              .launcher = Launcher::Thread) {
+TDC_DIST_TEST(MustFail, ThreadReturnEarlyWhileOthersEnterBarrier, .timeout_s = 60, .launcher = Launcher::Thread) {
   barrier();
   if (ctx().rank == 1) return;
   barrier();
@@ -168,9 +168,7 @@ TDC_DIST_TEST(MustFail, SpawnHangOnOneRank, .timeout_s = 3, .launcher = Launcher
 TDC_DIST_TEST(MustFail, LongHang, .timeout_s = 120) { tdc_mustfail::sleep_forever(); }
 
 // For the env launcher: rank 1 fails, rank 0 must report it.
-TDC_DIST_TEST(MustFail, EnvFailOnRank1, .world_size = 2) {
-  EXPECT_NE(ctx().rank, 1) << "rank 1 fails on purpose";
-}
+TDC_DIST_TEST(MustFail, EnvFailOnRank1, .world_size = 2) { EXPECT_NE(ctx().rank, 1) << "rank 1 fails on purpose"; }
 
 // Flaky on purpose, for `tdc run --repeat`: fails on every second run. The run count lives in the
 // file $TDC_FLAKY_COUNTER (without it, the test passes).

@@ -17,11 +17,10 @@ namespace fs = std::filesystem;
 using namespace tdc::harness;
 using nlohmann::json;
 
-const Status kAllStatuses[] = {Status::Pass,  Status::Fail,   Status::Skip,    Status::NotSupported,
-                               Status::XFail, Status::XPass,  Status::Timeout, Status::Crash};
-const RankStatus kAllRankStatuses[] = {RankStatus::Pass,    RankStatus::Fail,    RankStatus::Skip,
-                                       RankStatus::Crash,   RankStatus::Timeout, RankStatus::Aborted,
-                                       RankStatus::Unknown};
+const Status kAllStatuses[] = {Status::Pass,  Status::Fail,  Status::Skip,    Status::NotSupported,
+                               Status::XFail, Status::XPass, Status::Timeout, Status::Crash};
+const RankStatus kAllRankStatuses[] = {RankStatus::Pass,    RankStatus::Fail,    RankStatus::Skip,   RankStatus::Crash,
+                                       RankStatus::Timeout, RankStatus::Aborted, RankStatus::Unknown};
 
 // A private temp dir, removed at the end of the test.
 class ResultsTest : public ::testing::Test {
@@ -39,9 +38,7 @@ class ResultsTest : public ::testing::Test {
     std::ifstream in(p, std::ios::binary);
     return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   }
-  static void spit(const fs::path& p, const std::string& text) {
-    std::ofstream(p, std::ios::binary) << text;
-  }
+  static void spit(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
 
   static RunResults sample() {
     RunResults r;
@@ -104,9 +101,8 @@ TEST_F(ResultsTest, StatusNamesRoundTrip) {
 // results.json spells rank statuses in lower case, exactly as before RankStatus was an enum.
 TEST_F(ResultsTest, RankStatusNamesRoundTripWithTheirJsonSpelling) {
   const std::pair<RankStatus, std::string> spelled[] = {
-      {RankStatus::Pass, "pass"},       {RankStatus::Fail, "fail"},
-      {RankStatus::Skip, "skip"},       {RankStatus::Crash, "crash"},
-      {RankStatus::Timeout, "timeout"}, {RankStatus::Aborted, "aborted"},
+      {RankStatus::Pass, "pass"},       {RankStatus::Fail, "fail"},       {RankStatus::Skip, "skip"},
+      {RankStatus::Crash, "crash"},     {RankStatus::Timeout, "timeout"}, {RankStatus::Aborted, "aborted"},
       {RankStatus::Unknown, "unknown"},
   };
   ASSERT_EQ(std::size(spelled), std::size(kAllRankStatuses));
@@ -223,11 +219,8 @@ TEST_F(ResultsTest, JunitXmlIsWellFormedWithFailuresSkipsAndEscaping) {
   EXPECT_EQ(s.count("failure"), 2);  // FAIL, XPASS
   EXPECT_EQ(s.count("error"), 2);    // TIMEOUT, CRASH
   EXPECT_EQ(s.count("skipped"), 3);  // SKIP, NOT_SUPPORTED, XFAIL
-  EXPECT_NE(text.find("tests=\"9\" failures=\"2\" errors=\"2\" skipped=\"3\""), std::string::npos)
-      << text;
-  EXPECT_NE(text.find("expected &lt;a&gt; &amp; &quot;b&quot; &apos;c&apos; ]]&gt;"),
-            std::string::npos)
-      << text;
+  EXPECT_NE(text.find("tests=\"9\" failures=\"2\" errors=\"2\" skipped=\"3\""), std::string::npos) << text;
+  EXPECT_NE(text.find("expected &lt;a&gt; &amp; &quot;b&quot; &apos;c&apos; ]]&gt;"), std::string::npos) << text;
   EXPECT_NE(text.find("caf\xc3\xa9"), std::string::npos);  // valid UTF-8 kept
   EXPECT_EQ(text.find('\x01'), std::string::npos);         // control characters not written
   EXPECT_EQ(text.find('\xff'), std::string::npos);         // invalid UTF-8 replaced

@@ -9,8 +9,7 @@
 
 namespace tdc::comm::detail {
 
-c10::intrusive_ptr<c10d::Backend> make_gloo_backend(const c10::intrusive_ptr<c10d::Store>& store,
-                                                    int rank, int size,
+c10::intrusive_ptr<c10d::Backend> make_gloo_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                     const GroupOptions& options) {
   auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
   // Same device choice as torch.distributed: GLOO_SOCKET_IFNAME names the interface for

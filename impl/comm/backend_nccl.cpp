@@ -15,8 +15,7 @@ namespace tdc::comm::detail {
 
 bool nccl_available() { return true; }
 
-c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
-                                                    int rank, int size,
+c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                     const GroupOptions& options) {
   auto opts = c10d::ProcessGroupNCCL::Options::create();
   opts->timeout = options.timeout;
@@ -27,8 +26,8 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
 
 bool nccl_available() { return false; }
 
-c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>&, int,
-                                                    int, const GroupOptions&) {
+c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>&, int, int,
+                                                    const GroupOptions&) {
   throw std::logic_error("make_nccl_backend: this libtdc was built against a LibTorch without NCCL");
 }
 

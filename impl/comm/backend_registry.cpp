@@ -41,8 +41,7 @@ void BackendRegistry::add(const std::string& name, BackendFactory factory) {
   }
   std::lock_guard<std::recursive_mutex> lock(impl_->mu);
   if (impl_->factories.count(name) != 0) {
-    throw std::invalid_argument(
-        fmt::format("BackendRegistry::add: backend '{}' is already registered", name));
+    throw std::invalid_argument(fmt::format("BackendRegistry::add: backend '{}' is already registered", name));
   }
   impl_->factories.emplace(name, std::move(factory));
 }
@@ -59,18 +58,18 @@ std::vector<std::string> BackendRegistry::names() const {
   return out;
 }
 
-c10::intrusive_ptr<c10d::Backend> BackendRegistry::create(
-    const std::string& name, const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-    const GroupOptions& options) const {
+c10::intrusive_ptr<c10d::Backend> BackendRegistry::create(const std::string& name,
+                                                          const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                          int size, const GroupOptions& options) const {
   BackendFactory factory;
   {
     std::lock_guard<std::recursive_mutex> lock(impl_->mu);
     auto it = impl_->factories.find(name);
     if (it == impl_->factories.end()) {
-      throw std::invalid_argument(fmt::format(
-          "unknown c10d backend '{}'; known backends: {} (a plug-in adds more: "
-          "BackendRegistry::load_plugin / --tdc_backend_lib)",
-          name, fmt::join(names(), ", ")));
+      throw std::invalid_argument(
+          fmt::format("unknown c10d backend '{}'; known backends: {} (a plug-in adds more: "
+                      "BackendRegistry::load_plugin / --tdc_backend_lib)",
+                      name, fmt::join(names(), ", ")));
     }
     factory = it->second;
   }
@@ -96,16 +95,15 @@ void BackendRegistry::load_plugin(const std::string& path) {
   void* handle = dlopen(canonical.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* err = dlerror();
-    throw std::runtime_error(
-        fmt::format("cannot load backend plug-in '{}': {}", path, err ? err : "dlopen failed"));
+    throw std::runtime_error(fmt::format("cannot load backend plug-in '{}': {}", path, err ? err : "dlopen failed"));
   }
   dlerror();
   void* sym = dlsym(handle, TDC_PLUGIN_REGISTER_SYMBOL);
   if (sym == nullptr) {
     dlclose(handle);
-    throw std::runtime_error(fmt::format(
-        "backend plug-in '{}' does not export extern \"C\" {}(tdc::comm::BackendRegistry&)", path,
-        TDC_PLUGIN_REGISTER_SYMBOL));
+    throw std::runtime_error(
+        fmt::format("backend plug-in '{}' does not export extern \"C\" {}(tdc::comm::BackendRegistry&)", path,
+                    TDC_PLUGIN_REGISTER_SYMBOL));
   }
   reinterpret_cast<tdc_register_backends_fn>(sym)(*this);
   impl_->loaded_plugins.insert(canonical.string());

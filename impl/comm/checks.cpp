@@ -25,22 +25,32 @@ thread_local std::optional<bool> tls_checks;
 constexpr int64_t kMagic = 0x7dc0c4ec;
 constexpr int kMaxDims = 8;
 // Layout of the fixed part of a fingerprint.
-enum Field : int { kFMagic, kFOp, kFDtype, kFNdim, kFShape, kFReduce = kFShape + kMaxDims, kFRoot,
-                   kFBadArgs, kFixed };
+enum Field : int { kFMagic, kFOp, kFDtype, kFNdim, kFShape, kFReduce = kFShape + kMaxDims, kFRoot, kFBadArgs, kFixed };
 
 std::string dtype_name(int64_t code) {
   switch (static_cast<at::ScalarType>(code)) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kBFloat16: return "bfloat16";
-    case at::kHalf: return "float16";
-    case at::kLong: return "int64";
-    case at::kInt: return "int32";
-    case at::kShort: return "int16";
-    case at::kChar: return "int8";
-    case at::kByte: return "uint8";
-    case at::kBool: return "bool";
-    default: return c10::toString(static_cast<at::ScalarType>(code));
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kHalf:
+      return "float16";
+    case at::kLong:
+      return "int64";
+    case at::kInt:
+      return "int32";
+    case at::kShort:
+      return "int16";
+    case at::kChar:
+      return "int8";
+    case at::kByte:
+      return "uint8";
+    case at::kBool:
+      return "bool";
+    default:
+      return c10::toString(static_cast<at::ScalarType>(code));
   }
 }
 
@@ -55,9 +65,7 @@ std::string describe_fp(const int64_t* f) {
   return fmt::format("{}[{}]", dtype_name(f[kFDtype]), fmt::join(dims, ", "));
 }
 
-std::string reduce_name(int64_t code) {
-  return code < 0 ? "none" : to_string(static_cast<ReduceOp>(code));
-}
+std::string reduce_name(int64_t code) { return code < 0 ? "none" : to_string(static_cast<ReduceOp>(code)); }
 
 }  // namespace
 
@@ -71,25 +79,28 @@ bool checks_enabled() {
 
 const char* coll_name(Coll c) {
   switch (c) {
-    case Coll::AllReduce: return "all_reduce";
-    case Coll::AllGather: return "all_gather_into_tensor";
-    case Coll::ReduceScatter: return "reduce_scatter_tensor";
-    case Coll::AllToAll: return "all_to_all_single";
-    case Coll::Broadcast: return "broadcast";
-    case Coll::Barrier: return "barrier";
+    case Coll::AllReduce:
+      return "all_reduce";
+    case Coll::AllGather:
+      return "all_gather_into_tensor";
+    case Coll::ReduceScatter:
+      return "reduce_scatter_tensor";
+    case Coll::AllToAll:
+      return "all_to_all_single";
+    case Coll::Broadcast:
+      return "broadcast";
+    case Coll::Barrier:
+      return "barrier";
   }
   return "collective";
 }
 
 std::string describe(const at::Tensor& t) {
   if (!t.defined()) return "undefined";
-  return fmt::format("{}[{}]", dtype_name(static_cast<int64_t>(t.scalar_type())),
-                     fmt::join(t.sizes(), ", "));
+  return fmt::format("{}[{}]", dtype_name(static_cast<int64_t>(t.scalar_type())), fmt::join(t.sizes(), ", "));
 }
 
-std::string group_label(const ProcessGroup& g) {
-  return fmt::format("group '{}' (size {})", g.name(), g.size());
-}
+std::string group_label(const ProcessGroup& g) { return fmt::format("group '{}' (size {})", g.name(), g.size()); }
 
 void agree(const ProcessGroup& g, const CheckArgs& a) {
   if (!checks_enabled()) {
@@ -130,14 +141,16 @@ void agree(const ProcessGroup& g, const CheckArgs& a) {
   std::vector<int> bad;
   for (int r = 0; r < n; ++r) {
     if (at_rank(r)[kFMagic] != kMagic) {
-      throw std::runtime_error(fmt::format("{}: rank {} is in a different kind of collective (no tdc "
-                                           "fingerprint; calls out of order?)", where, r));
+      throw std::runtime_error(
+          fmt::format("{}: rank {} is in a different kind of collective (no tdc "
+                      "fingerprint; calls out of order?)",
+                      where, r));
     }
     if (at_rank(r)[kFBadArgs] != 0) bad.push_back(r);
   }
   if (!bad.empty()) {
-    throw std::runtime_error(fmt::format("{}: rank(s) {} rejected their arguments (see their errors)",
-                                         where, fmt::join(bad, ", ")));
+    throw std::runtime_error(
+        fmt::format("{}: rank(s) {} rejected their arguments (see their errors)", where, fmt::join(bad, ", ")));
   }
   // Compare every rank with rank 0, one field group at a time, most basic first.
   auto disagree = [&](const char* what, auto same, auto show) {
@@ -146,29 +159,31 @@ void agree(const ProcessGroup& g, const CheckArgs& a) {
       if (!same(at_rank(0), at_rank(r))) parts.push_back(fmt::format("rank {} {}", r, show(at_rank(r))));
     }
     if (parts.empty()) return;
-    throw std::runtime_error(fmt::format("{}: ranks disagree on {}: rank 0 {}, {}", where, what,
-                                         show(at_rank(0)), fmt::join(parts, ", ")));
+    throw std::runtime_error(
+        fmt::format("{}: ranks disagree on {}: rank 0 {}, {}", where, what, show(at_rank(0)), fmt::join(parts, ", ")));
   };
-  disagree("the collective", [](const int64_t* x, const int64_t* y) { return x[kFOp] == y[kFOp]; },
-           [](const int64_t* x) { return std::string(coll_name(static_cast<Coll>(x[kFOp]))); });
-  disagree("the tensor",
-           [](const int64_t* x, const int64_t* y) {
-             return std::equal(x + kFDtype, x + kFShape + kMaxDims, y + kFDtype);
-           },
-           describe_fp);
-  disagree("the reduce op", [](const int64_t* x, const int64_t* y) { return x[kFReduce] == y[kFReduce]; },
-           [](const int64_t* x) { return reduce_name(x[kFReduce]); });
-  disagree("the source rank", [](const int64_t* x, const int64_t* y) { return x[kFRoot] == y[kFRoot]; },
-           [](const int64_t* x) { return std::to_string(x[kFRoot]); });
+  disagree(
+      "the collective", [](const int64_t* x, const int64_t* y) { return x[kFOp] == y[kFOp]; },
+      [](const int64_t* x) { return std::string(coll_name(static_cast<Coll>(x[kFOp]))); });
+  disagree(
+      "the tensor",
+      [](const int64_t* x, const int64_t* y) { return std::equal(x + kFDtype, x + kFShape + kMaxDims, y + kFDtype); },
+      describe_fp);
+  disagree(
+      "the reduce op", [](const int64_t* x, const int64_t* y) { return x[kFReduce] == y[kFReduce]; },
+      [](const int64_t* x) { return reduce_name(x[kFReduce]); });
+  disagree(
+      "the source rank", [](const int64_t* x, const int64_t* y) { return x[kFRoot] == y[kFRoot]; },
+      [](const int64_t* x) { return std::to_string(x[kFRoot]); });
   if (a.op == Coll::AllToAll) {
     for (int s = 0; s < n; ++s) {
       for (int d = 0; d < n; ++d) {
-        const int64_t sends = at_rank(s)[kFixed + d];      // s's input split for d
+        const int64_t sends = at_rank(s)[kFixed + d];        // s's input split for d
         const int64_t expects = at_rank(d)[kFixed + n + s];  // d's output split from s
         if (sends != expects) {
-          throw std::runtime_error(fmt::format(
-              "{}: split sizes disagree: rank {} sends {} rows to rank {}, which expects {}", where,
-              s, sends, d, expects));
+          throw std::runtime_error(
+              fmt::format("{}: split sizes disagree: rank {} sends {} rows to rank {}, which expects {}", where, s,
+                          sends, d, expects));
         }
       }
     }

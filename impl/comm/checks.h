@@ -17,12 +17,12 @@ const char* coll_name(Coll c);
 
 struct CheckArgs {
   Coll op;
-  at::Tensor tensor;                 // the tensor whose dtype and shape must agree (may be undefined)
+  at::Tensor tensor;  // the tensor whose dtype and shape must agree (may be undefined)
   std::optional<ReduceOp> reduce;
   int64_t root = -1;
-  bool ignore_dim0 = false;          // all_to_all_single with explicit split sizes
-  std::vector<int64_t> splits;       // all_to_all_single: n input splits, then n output splits
-  std::string local_error;           // this rank's own argument error, if any
+  bool ignore_dim0 = false;     // all_to_all_single with explicit split sizes
+  std::vector<int64_t> splits;  // all_to_all_single: n input splits, then n output splits
+  std::string local_error;      // this rank's own argument error, if any
 };
 
 // Throws (on every rank alike) when ranks disagree or any rank's arguments are bad. With checks

@@ -14,10 +14,14 @@ namespace tdc::comm {
 
 const char* to_string(ReduceOp op) {
   switch (op) {
-    case ReduceOp::SUM: return "SUM";
-    case ReduceOp::AVG: return "AVG";
-    case ReduceOp::MAX: return "MAX";
-    case ReduceOp::MIN: return "MIN";
+    case ReduceOp::SUM:
+      return "SUM";
+    case ReduceOp::AVG:
+      return "AVG";
+    case ReduceOp::MAX:
+      return "MAX";
+    case ReduceOp::MIN:
+      return "MIN";
   }
   return "?";
 }
@@ -67,10 +71,14 @@ namespace {
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
-    case ReduceOp::SUM: return c10d::ReduceOp(c10d::ReduceOp::SUM);
-    case ReduceOp::AVG: return c10d::ReduceOp(c10d::ReduceOp::AVG);
-    case ReduceOp::MAX: return c10d::ReduceOp(c10d::ReduceOp::MAX);
-    case ReduceOp::MIN: return c10d::ReduceOp(c10d::ReduceOp::MIN);
+    case ReduceOp::SUM:
+      return c10d::ReduceOp(c10d::ReduceOp::SUM);
+    case ReduceOp::AVG:
+      return c10d::ReduceOp(c10d::ReduceOp::AVG);
+    case ReduceOp::MAX:
+      return c10d::ReduceOp(c10d::ReduceOp::MAX);
+    case ReduceOp::MIN:
+      return c10d::ReduceOp(c10d::ReduceOp::MIN);
   }
   throw std::invalid_argument("unknown ReduceOp");
 }
@@ -121,11 +129,11 @@ std::string avg_error(const char* op, const ProcessGroup& g, const at::Tensor& t
 
 // Shapes accepted for the "big" side of all-gather / reduce-scatter, as torch.distributed does:
 // concatenated along dim 0 ([n*d0, ...]) or stacked ([n, d0, ...]).
-std::string size_error(const char* op, const ProcessGroup& g, const char* big_name,
-                       const at::Tensor& big, const char* small_name, const at::Tensor& small) {
+std::string size_error(const char* op, const ProcessGroup& g, const char* big_name, const at::Tensor& big,
+                       const char* small_name, const at::Tensor& small) {
   if (big.scalar_type() != small.scalar_type()) {
-    return fmt::format("{} on {}: {} is {} but {} is {}; dtypes must match", op, group_label(g),
-                       big_name, describe(big), small_name, describe(small));
+    return fmt::format("{} on {}: {} is {} but {} is {}; dtypes must match", op, group_label(g), big_name,
+                       describe(big), small_name, describe(small));
   }
   std::vector<int64_t> cat(small.sizes().begin(), small.sizes().end());
   if (cat.empty()) cat.push_back(1);
@@ -133,9 +141,9 @@ std::string size_error(const char* op, const ProcessGroup& g, const char* big_na
   std::vector<int64_t> stacked{g.size()};
   stacked.insert(stacked.end(), small.sizes().begin(), small.sizes().end());
   if (big.sizes().vec() == cat || big.sizes().vec() == stacked) return "";
-  return fmt::format("{} on {}: {} is {}, expected {}[{}] (group size {} x {} {})", op, group_label(g),
-                     big_name, describe(big), describe(big).substr(0, describe(big).find('[')),
-                     fmt::join(cat, ", "), g.size(), small_name, describe(small));
+  return fmt::format("{} on {}: {} is {}, expected {}[{}] (group size {} x {} {})", op, group_label(g), big_name,
+                     describe(big), describe(big).substr(0, describe(big).find('[')), fmt::join(cat, ", "), g.size(),
+                     small_name, describe(small));
 }
 
 }  // namespace
@@ -143,7 +151,9 @@ std::string size_error(const char* op, const ProcessGroup& g, const char* big_na
 Work all_reduce(at::Tensor& tensor, ReduceOp op, const GroupPtr& group, bool async_op,
                 std::optional<OpKind> record_as) {
   const ProcessGroup& g = *resolve(group);
-  agree(g, {.op = Coll::AllReduce, .tensor = tensor, .reduce = op,
+  agree(g, {.op = Coll::AllReduce,
+            .tensor = tensor,
+            .reduce = op,
             .local_error = op == ReduceOp::AVG ? avg_error("all_reduce", g, tensor) : ""});
   record(record_as, tensor.nbytes());
   const bool emulate_avg = op == ReduceOp::AVG && !g.native_avg();
@@ -154,16 +164,20 @@ Work all_reduce(at::Tensor& tensor, ReduceOp op, const GroupPtr& group, bool asy
   opts.timeout = g.options().timeout;
   auto w = g.backend().allreduce(v, opts);
   const int n = g.size();
-  return finish(std::move(w), [s, emulate_avg, n] {
-    if (emulate_avg) s.buf.div_(n);  // AVG = SUM / size (Gloo has no AVG)
-    s.publish();
-  }, async_op);
+  return finish(
+      std::move(w),
+      [s, emulate_avg, n] {
+        if (emulate_avg) s.buf.div_(n);  // AVG = SUM / size (Gloo has no AVG)
+        s.publish();
+      },
+      async_op);
 }
 
-Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const GroupPtr& group,
-                            bool async_op, std::optional<OpKind> record_as) {
+Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const GroupPtr& group, bool async_op,
+                            std::optional<OpKind> record_as) {
   const ProcessGroup& g = *resolve(group);
-  agree(g, {.op = Coll::AllGather, .tensor = input,
+  agree(g, {.op = Coll::AllGather,
+            .tensor = input,
             .local_error = size_error("all_gather_into_tensor", g, "output", output, "input", input)});
   record(record_as, input.nbytes());
   at::Tensor in = backend_view(input).contiguous();
@@ -174,11 +188,12 @@ Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const G
   c10d::AllgatherOptions opts;
   opts.timeout = g.options().timeout;
   auto w = g.backend()._allgather_base(out_flat, in_flat, opts);
-  return finish(std::move(w), [s, in] { s.publish(); }, async_op);
+  return finish(
+      std::move(w), [s, in] { s.publish(); }, async_op);
 }
 
-Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op,
-                           const GroupPtr& group, bool async_op, std::optional<OpKind> record_as) {
+Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op, const GroupPtr& group,
+                           bool async_op, std::optional<OpKind> record_as) {
   const ProcessGroup& g = *resolve(group);
   std::string err = size_error("reduce_scatter_tensor", g, "input", input, "output", output);
   if (err.empty() && op == ReduceOp::AVG) err = avg_error("reduce_scatter_tensor", g, input);
@@ -195,10 +210,13 @@ Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp
     opts.reduceOp = to_c10d(emulate_avg ? ReduceOp::SUM : op);
     opts.timeout = g.options().timeout;
     auto w = g.backend()._reduce_scatter_base(out_flat, in, opts);
-    return finish(std::move(w), [s, in, emulate_avg, n] {
-      if (emulate_avg) s.buf.div_(n);
-      s.publish();
-    }, async_op);
+    return finish(
+        std::move(w),
+        [s, in, emulate_avg, n] {
+          if (emulate_avg) s.buf.div_(n);
+          s.publish();
+        },
+        async_op);
   }
   // Emulation (backends without a native reduce-scatter that honours the op): one all-to-all
   // moves chunk r of every rank to rank r (bandwidth-optimal, like a ring reduce-scatter), then
@@ -208,18 +226,29 @@ Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp
   c10d::AllToAllOptions opts;
   opts.timeout = g.options().timeout;
   auto w = g.backend().alltoall_base(received, in, even, even, opts);
-  return finish(std::move(w), [s, received, op, n] {
-    at::Tensor chunks = received.view({n, -1});
-    at::Tensor r;
-    switch (op) {
-      case ReduceOp::SUM: r = chunks.sum(0); break;
-      case ReduceOp::AVG: r = chunks.sum(0).div_(n); break;
-      case ReduceOp::MAX: r = std::get<0>(chunks.max(0)); break;
-      case ReduceOp::MIN: r = std::get<0>(chunks.min(0)); break;
-    }
-    s.buf.view({s.buf.numel()}).copy_(r);
-    s.publish();
-  }, async_op);
+  return finish(
+      std::move(w),
+      [s, received, op, n] {
+        at::Tensor chunks = received.view({n, -1});
+        at::Tensor r;
+        switch (op) {
+          case ReduceOp::SUM:
+            r = chunks.sum(0);
+            break;
+          case ReduceOp::AVG:
+            r = chunks.sum(0).div_(n);
+            break;
+          case ReduceOp::MAX:
+            r = std::get<0>(chunks.max(0));
+            break;
+          case ReduceOp::MIN:
+            r = std::get<0>(chunks.min(0));
+            break;
+        }
+        s.buf.view({s.buf.numel()}).copy_(r);
+        s.publish();
+      },
+      async_op);
 }
 
 }  // namespace detail
@@ -243,15 +272,14 @@ PatchReduceScatter::PatchReduceScatter(ReduceScatterPatch fn) : previous_(std::m
 }
 PatchReduceScatter::~PatchReduceScatter() { t_reduce_scatter_patch = std::move(previous_); }
 
-Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const GroupPtr& group,
-                            bool async_op) {
+Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const GroupPtr& group, bool async_op) {
   auto original = [&] { return detail::all_gather_into_tensor(output, input, group, async_op, OpKind::AllGatherBase); };
   if (t_all_gather_patch) return t_all_gather_patch(output, input, group, async_op, original);
   return original();
 }
 
-Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op,
-                           const GroupPtr& group, bool async_op) {
+Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op, const GroupPtr& group,
+                           bool async_op) {
   auto original = [&] {
     return detail::reduce_scatter_tensor(output, input, op, group, async_op, OpKind::ReduceScatterBase);
   };
@@ -259,10 +287,8 @@ Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp
   return original();
 }
 
-Work all_to_all_single(at::Tensor& output, const at::Tensor& input,
-                       const std::vector<int64_t>& output_split_sizes,
-                       const std::vector<int64_t>& input_split_sizes, const GroupPtr& group,
-                       bool async_op) {
+Work all_to_all_single(at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
+                       const std::vector<int64_t>& input_split_sizes, const GroupPtr& group, bool async_op) {
   using namespace detail;
   const ProcessGroup& g = *resolve(group);
   const int n = g.size();
@@ -273,15 +299,17 @@ Work all_to_all_single(at::Tensor& output, const at::Tensor& input,
     const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
     if (given.empty()) {
       if (rows % n != 0) {
-        return fmt::format("{}: {} {} has {} rows, not divisible by the group size {} (pass {} split "
-                           "sizes for an uneven split)", where, side, describe(t), rows, n, side);
+        return fmt::format(
+            "{}: {} {} has {} rows, not divisible by the group size {} (pass {} split "
+            "sizes for an uneven split)",
+            where, side, describe(t), rows, n, side);
       }
       out.assign(n, rows / n);
       return "";
     }
     if (static_cast<int>(given.size()) != n) {
-      return fmt::format("{}: {} split sizes {} have {} entries, expected one per rank ({})", where,
-                         side, given, given.size(), n);
+      return fmt::format("{}: {} split sizes {} have {} entries, expected one per rank ({})", where, side, given,
+                         given.size(), n);
     }
     int64_t sum = 0;
     for (int64_t v : given) {
@@ -289,8 +317,8 @@ Work all_to_all_single(at::Tensor& output, const at::Tensor& input,
       sum += v;
     }
     if (sum != rows) {
-      return fmt::format("{}: {} split sizes {} sum to {}, but {} {} has {} rows", where, side, given,
-                         sum, side, describe(t), rows);
+      return fmt::format("{}: {} split sizes {} sum to {}, but {} {} has {} rows", where, side, given, sum, side,
+                         describe(t), rows);
     }
     out = given;
     return "";
@@ -299,8 +327,8 @@ Work all_to_all_single(at::Tensor& output, const at::Tensor& input,
   std::string err;
   if (output.scalar_type() != input.scalar_type() || output.dim() != input.dim() ||
       (input.dim() > 1 && output.sizes().slice(1) != input.sizes().slice(1))) {
-    err = fmt::format("{}: output {} and input {} must have the same dtype and trailing dims", where,
-                      describe(output), describe(input));
+    err = fmt::format("{}: output {} and input {} must have the same dtype and trailing dims", where, describe(output),
+                      describe(input));
   }
   if (err.empty()) err = splits_of("input", input, input_split_sizes, in_splits);
   if (err.empty()) err = splits_of("output", output, output_split_sizes, out_splits);
@@ -308,8 +336,7 @@ Work all_to_all_single(at::Tensor& output, const at::Tensor& input,
   both.insert(both.end(), out_splits.begin(), out_splits.end());
   if (!err.empty()) both.assign(2 * n, -1);
   const bool uneven = !input_split_sizes.empty() || !output_split_sizes.empty();
-  agree(g, {.op = Coll::AllToAll, .tensor = input, .ignore_dim0 = uneven, .splits = both,
-            .local_error = err});
+  agree(g, {.op = Coll::AllToAll, .tensor = input, .ignore_dim0 = uneven, .splits = both, .local_error = err});
   CommDebugMode::record(OpKind::AllToAllBase, input.nbytes());
   at::Tensor in = backend_view(input).contiguous();
   Staged s = stage(output);
@@ -318,7 +345,8 @@ Work all_to_all_single(at::Tensor& output, const at::Tensor& input,
   c10d::AllToAllOptions opts;
   opts.timeout = g.options().timeout;
   auto w = g.backend().alltoall_base(s.buf, in, osz, isz, opts);
-  return detail::finish(std::move(w), [s, in] { s.publish(); }, async_op);
+  return detail::finish(
+      std::move(w), [s, in] { s.publish(); }, async_op);
 }
 
 Work broadcast(at::Tensor& tensor, int src, const GroupPtr& group, bool async_op) {
@@ -326,8 +354,7 @@ Work broadcast(at::Tensor& tensor, int src, const GroupPtr& group, bool async_op
   const ProcessGroup& g = *resolve(group);
   std::string err;
   if (src < 0 || src >= g.size()) {
-    err = fmt::format("broadcast on {}: src {} is not a rank of the group [0, {})", group_label(g), src,
-                      g.size());
+    err = fmt::format("broadcast on {}: src {} is not a rank of the group [0, {})", group_label(g), src, g.size());
   }
   agree(g, {.op = Coll::Broadcast, .tensor = tensor, .root = src, .local_error = err});
   CommDebugMode::record(OpKind::Broadcast, tensor.nbytes());
@@ -337,14 +364,17 @@ Work broadcast(at::Tensor& tensor, int src, const GroupPtr& group, bool async_op
   opts.rootRank = src;
   opts.timeout = g.options().timeout;
   auto w = g.backend().broadcast(v, opts);
-  return finish(std::move(w), [s] { s.publish(); }, async_op);
+  return finish(
+      std::move(w), [s] { s.publish(); }, async_op);
 }
 
 namespace {
 void check_peer(const char* op, const char* what, int peer, const ProcessGroup& g) {
   if (peer < 0 || peer >= g.size() || peer == g.rank()) {
-    throw std::invalid_argument(fmt::format("{} on {}: {} {} must be another rank of the group (this is "
-                                            "rank {})", op, detail::group_label(g), what, peer, g.rank()));
+    throw std::invalid_argument(
+        fmt::format("{} on {}: {} {} must be another rank of the group (this is "
+                    "rank {})",
+                    op, detail::group_label(g), what, peer, g.rank()));
   }
 }
 }  // namespace

@@ -8,18 +8,30 @@ thread_local CommDebugMode* tls_current = nullptr;
 
 const char* op_name(OpKind k) {
   switch (k) {
-    case OpKind::AllReduce: return "c10d.allreduce_";
-    case OpKind::AllGatherBase: return "c10d._allgather_base_";
-    case OpKind::ReduceScatterBase: return "c10d._reduce_scatter_base_";
-    case OpKind::AllToAllBase: return "c10d.alltoall_base_";
-    case OpKind::Broadcast: return "c10d.broadcast_";
-    case OpKind::Send: return "c10d.send";
-    case OpKind::Recv: return "c10d.recv_";
-    case OpKind::Barrier: return "c10d.barrier";
-    case OpKind::FunctionalAllReduce: return "c10d_functional.all_reduce";
-    case OpKind::FunctionalAllGather: return "c10d_functional.all_gather_into_tensor";
-    case OpKind::FunctionalReduceScatter: return "c10d_functional.reduce_scatter_tensor";
-    case OpKind::FunctionalAllToAll: return "c10d_functional.all_to_all_single";
+    case OpKind::AllReduce:
+      return "c10d.allreduce_";
+    case OpKind::AllGatherBase:
+      return "c10d._allgather_base_";
+    case OpKind::ReduceScatterBase:
+      return "c10d._reduce_scatter_base_";
+    case OpKind::AllToAllBase:
+      return "c10d.alltoall_base_";
+    case OpKind::Broadcast:
+      return "c10d.broadcast_";
+    case OpKind::Send:
+      return "c10d.send";
+    case OpKind::Recv:
+      return "c10d.recv_";
+    case OpKind::Barrier:
+      return "c10d.barrier";
+    case OpKind::FunctionalAllReduce:
+      return "c10d_functional.all_reduce";
+    case OpKind::FunctionalAllGather:
+      return "c10d_functional.all_gather_into_tensor";
+    case OpKind::FunctionalReduceScatter:
+      return "c10d_functional.reduce_scatter_tensor";
+    case OpKind::FunctionalAllToAll:
+      return "c10d_functional.all_to_all_single";
   }
   return "unknown";
 }

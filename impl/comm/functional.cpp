@@ -33,8 +33,8 @@ GroupPtr load_group(AutogradContext* ctx) {
 int64_t wrap_dim(int64_t dim, const at::Tensor& t, const char* op) {
   const int64_t nd = std::max<int64_t>(t.dim(), 1);
   if (dim < -nd || dim >= nd) {
-    throw std::invalid_argument(fmt::format("{}: dim {} is out of range for a tensor {}", op, dim,
-                                            detail::describe(t)));
+    throw std::invalid_argument(
+        fmt::format("{}: dim {} is out of range for a tensor {}", op, dim, detail::describe(t)));
   }
   return dim < 0 ? dim + nd : dim;
 }
@@ -52,9 +52,10 @@ at::Tensor gather_along(const at::Tensor& x, int64_t dim, const GroupPtr& g) {
 
 at::Tensor scatter_along(const at::Tensor& x, ReduceOp op, int64_t dim, const GroupPtr& g) {
   if (x.size(dim) % g->size() != 0) {
-    throw std::invalid_argument(fmt::format(
-        "reduce_scatter_tensor on {}: dim {} of input {} has size {}, not divisible by the group "
-        "size {}", detail::group_label(*g), dim, detail::describe(x), x.size(dim), g->size()));
+    throw std::invalid_argument(
+        fmt::format("reduce_scatter_tensor on {}: dim {} of input {} has size {}, not divisible by the group "
+                    "size {}",
+                    detail::group_label(*g), dim, detail::describe(x), x.size(dim), g->size()));
   }
   at::Tensor front = x.detach().movedim(dim, 0).contiguous();
   std::vector<int64_t> shape = front.sizes().vec();
@@ -75,8 +76,7 @@ at::Tensor reduce_all(const at::Tensor& x, ReduceOp op, const GroupPtr& g) {
 void require_linear(ReduceOp op, const char* fn) {
   if (op != ReduceOp::SUM && op != ReduceOp::AVG) {
     throw std::runtime_error(fmt::format(
-        "{}: backward through ReduceOp {} is not supported (only SUM and AVG are linear)", fn,
-        to_string(op)));
+        "{}: backward through ReduceOp {} is not supported (only SUM and AVG are linear)", fn, to_string(op)));
   }
 }
 
@@ -88,15 +88,14 @@ struct AllGather : torch::autograd::Function<AllGather> {
     return gather_along(input, dim, g);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {scatter_along(grads[0], ReduceOp::SUM, ctx->saved_data["dim"].toInt(), load_group(ctx)),
-            at::Tensor(), at::Tensor()};
+    return {scatter_along(grads[0], ReduceOp::SUM, ctx->saved_data["dim"].toInt(), load_group(ctx)), at::Tensor(),
+            at::Tensor()};
   }
 };
 
 // forward: reduce-scatter along dim; backward: all-gather along dim (scaled by 1/n for AVG).
 struct ReduceScatter : torch::autograd::Function<ReduceScatter> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, ReduceOp op, int64_t dim,
-                            GroupPtr g) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, ReduceOp op, int64_t dim, GroupPtr g) {
     ctx->saved_data["dim"] = dim;
     ctx->saved_data["op"] = static_cast<int64_t>(op);
     save_group(ctx, g);
@@ -137,8 +136,7 @@ at::Tensor all_gather_tensor(const at::Tensor& input, int64_t gather_dim, const 
   return AllGather::apply(input, wrap_dim(gather_dim, input, "all_gather_tensor"), g);
 }
 
-at::Tensor reduce_scatter_tensor(const at::Tensor& input, ReduceOp op, int64_t scatter_dim,
-                                 const GroupPtr& group) {
+at::Tensor reduce_scatter_tensor(const at::Tensor& input, ReduceOp op, int64_t scatter_dim, const GroupPtr& group) {
   GroupPtr g = resolve(group);
   if (input.dim() == 0) {
     throw std::invalid_argument("reduce_scatter_tensor: input is a 0-d tensor; scatter needs a dim");

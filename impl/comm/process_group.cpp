@@ -38,17 +38,16 @@ bool native_reduce_scatter_for(const std::string& backend) {
 // Per-thread state of the default group: thread-launched ranks each have their own world.
 struct WorldState {
   GroupPtr world;
-  uint64_t generation = 0;                // init_process_group calls so far (store prefixes)
-  std::map<std::string, int> group_count; // new_group calls per member set (store prefixes)
-  int next_group_id = 0;                  // default names "group<k>"
+  uint64_t generation = 0;                 // init_process_group calls so far (store prefixes)
+  std::map<std::string, int> group_count;  // new_group calls per member set (store prefixes)
+  int next_group_id = 0;                   // default names "group<k>"
 };
 thread_local WorldState tls;
 
 }  // namespace
 
-ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
-                           c10::intrusive_ptr<c10d::Backend> backend, int rank, int size,
-                           GroupOptions options, std::vector<int> global_ranks)
+ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend, int rank,
+                           int size, GroupOptions options, std::vector<int> global_ranks)
     : store_(std::move(store)),
       backend_(std::move(backend)),
       rank_(rank),
@@ -59,43 +58,40 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store,
   native_reduce_scatter_ = native_reduce_scatter_for(options_.backend);
 }
 
-std::shared_ptr<ProcessGroup> ProcessGroup::create(const c10::intrusive_ptr<c10d::Store>& store,
-                                                   int rank, int size, const GroupOptions& options,
-                                                   std::vector<int> global_ranks) {
+std::shared_ptr<ProcessGroup> ProcessGroup::create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                   const GroupOptions& options, std::vector<int> global_ranks) {
   if (!store) throw std::invalid_argument("ProcessGroup::create: store is null");
   if (size < 1 || rank < 0 || rank >= size) {
-    throw std::invalid_argument(fmt::format(
-        "ProcessGroup::create (group '{}'): rank {} is not in [0, {})", options.name, rank, size));
+    throw std::invalid_argument(
+        fmt::format("ProcessGroup::create (group '{}'): rank {} is not in [0, {})", options.name, rank, size));
   }
   if (global_ranks.empty()) {
     global_ranks.resize(size);
     std::iota(global_ranks.begin(), global_ranks.end(), 0);
   }
   if (static_cast<int>(global_ranks.size()) != size) {
-    throw std::invalid_argument(fmt::format(
-        "ProcessGroup::create (group '{}'): {} global ranks given for a group of size {}",
-        options.name, global_ranks.size(), size));
+    throw std::invalid_argument(
+        fmt::format("ProcessGroup::create (group '{}'): {} global ranks given for a group of size {}", options.name,
+                    global_ranks.size(), size));
   }
   auto backend = BackendRegistry::instance().create(options.backend, store, rank, size, options);
   construction_barrier(store, size);
-  return std::make_shared<ProcessGroup>(store, std::move(backend), rank, size, options,
-                                        std::move(global_ranks));
+  return std::make_shared<ProcessGroup>(store, std::move(backend), rank, size, options, std::move(global_ranks));
 }
 
 GroupPtr init_process_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
                             const GroupOptions& options) {
   if (tls.world) {
-    throw std::logic_error(fmt::format(
-        "init_process_group: rank {} already has a default group (world size {}); call "
-        "destroy_process_group first",
-        tls.world->rank(), tls.world->size()));
+    throw std::logic_error(
+        fmt::format("init_process_group: rank {} already has a default group (world size {}); call "
+                    "destroy_process_group first",
+                    tls.world->rank(), tls.world->size()));
   }
   GroupOptions opts = options;
   if (opts.name.empty()) opts.name = "world";
   // Each world gets its own key space on the shared store, so a later world on the same store
   // (destroy, then init again) never reads the keys of an earlier one.
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
-      fmt::format("tdc/world{}", tls.generation++), store);
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(fmt::format("tdc/world{}", tls.generation++), store);
   auto world = ProcessGroup::create(prefixed, rank, world_size, opts);
   tls.world = world;
   tls.group_count.clear();
@@ -126,12 +122,11 @@ GroupPtr new_group(const std::vector<int>& ranks, const GroupOptions& options) {
   std::sort(sorted.begin(), sorted.end());
   for (size_t i = 0; i < sorted.size(); ++i) {
     if (sorted[i] < 0 || sorted[i] >= world->size()) {
-      throw std::invalid_argument(fmt::format("new_group: rank {} is not in the world [0, {}) (ranks {})",
-                                              sorted[i], world->size(), ranks));
+      throw std::invalid_argument(
+          fmt::format("new_group: rank {} is not in the world [0, {}) (ranks {})", sorted[i], world->size(), ranks));
     }
     if (i > 0 && sorted[i] == sorted[i - 1]) {
-      throw std::invalid_argument(
-          fmt::format("new_group: rank {} appears twice in ranks {}", sorted[i], ranks));
+      throw std::invalid_argument(fmt::format("new_group: rank {} appears twice in ranks {}", sorted[i], ranks));
     }
   }
   auto me = std::find(sorted.begin(), sorted.end(), world->rank());
@@ -153,10 +148,9 @@ GroupPtr new_group(const std::vector<int>& ranks, const GroupOptions& options) {
   // the same order, so they agree; non-members never see the key space.
   const std::string members = fmt::format("{}", fmt::join(sorted, ","));
   const int nth = tls.group_count[members]++;
-  auto store = c10::make_intrusive<c10d::PrefixStore>(
-      fmt::format("tdc/group/{}/{}", members, nth), world->store());
-  return ProcessGroup::create(store, static_cast<int>(me - sorted.begin()),
-                              static_cast<int>(sorted.size()), opts, sorted);
+  auto store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("tdc/group/{}/{}", members, nth), world->store());
+  return ProcessGroup::create(store, static_cast<int>(me - sorted.begin()), static_cast<int>(sorted.size()), opts,
+                              sorted);
 }
 
 const GroupPtr& resolve(const GroupPtr& group) {

@@ -17,8 +17,7 @@
 namespace tdc::ddp {
 
 // ------------------------------------------------------------------------------ DDP
-DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, comm::GroupPtr group,
-                                                 DDPOptions options)
+DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, comm::GroupPtr group, DDPOptions options)
     : nn::Module("DistributedDataParallel"), module_(std::move(module)) {
   if (!module_) throw std::invalid_argument("DistributedDataParallel: module is null");
   register_child("module", module_);  // parameters appear as "module.<fqn>", as in PyTorch
@@ -42,8 +41,7 @@ nn::ModulePtr DistributedDataParallel::clone_empty() const {
 
 const BackwardStats& DistributedDataParallel::last_backward() const { return reducer_->stats(); }
 
-DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& d)
-    : d_(d), previous_(d.reducer_->sync()) {
+DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& d) : d_(d), previous_(d.reducer_->sync()) {
   d_.reducer_->set_sync(false);
 }
 DistributedDataParallel::NoSync::~NoSync() { d_.reducer_->set_sync(previous_); }
@@ -64,9 +62,10 @@ std::shared_ptr<Reducer> reducer_of(const nn::Module& module, const char* api) {
   auto it = registry().find(&module);
   std::shared_ptr<Reducer> r = it == registry().end() ? nullptr : it->second.lock();
   if (!r)
-    throw std::invalid_argument(fmt::format("{}: module of type '{}' was not replicated (call "
-                                            "tdc::ddp::replicate(module) first)", api,
-                                            module.type_name()));
+    throw std::invalid_argument(
+        fmt::format("{}: module of type '{}' was not replicated (call "
+                    "tdc::ddp::replicate(module) first)",
+                    api, module.type_name()));
   return r;
 }
 
@@ -77,8 +76,8 @@ nn::Module& replicate(nn::Module& module, comm::GroupPtr group, DDPOptions optio
     std::lock_guard<std::mutex> lock(registry_mu);
     auto it = registry().find(&module);
     if (it != registry().end() && !it->second.expired())
-      throw std::invalid_argument(fmt::format("replicate: module of type '{}' is already replicated",
-                                              module.type_name()));
+      throw std::invalid_argument(
+          fmt::format("replicate: module of type '{}' is already replicated", module.type_name()));
   }
   std::shared_ptr<Reducer> reducer = Reducer::create(module, std::move(group), options, "replicate");
   module.register_forward_pre_hook([reducer](nn::Module&, const nn::Tensors&) -> std::optional<nn::Tensors> {

@@ -100,11 +100,10 @@ void broadcast_coalesced(const std::vector<at::Tensor>& tensors, const comm::Gro
 Reducer::Reducer(nn::Module& module, comm::GroupPtr group, DDPOptions options, std::string who)
     : module_(module), group_(comm::resolve(group)), options_(options), who_(std::move(who)) {}
 
-std::shared_ptr<Reducer> Reducer::create(nn::Module& module, comm::GroupPtr group,
-                                         DDPOptions options, std::string who) {
+std::shared_ptr<Reducer> Reducer::create(nn::Module& module, comm::GroupPtr group, DDPOptions options,
+                                         std::string who) {
   if (!(options.bucket_cap_mb > 0))
-    throw std::invalid_argument(
-        fmt::format("{}: bucket_cap_mb must be > 0, got {}", who, options.bucket_cap_mb));
+    throw std::invalid_argument(fmt::format("{}: bucket_cap_mb must be > 0, got {}", who, options.bucket_cap_mb));
   std::shared_ptr<Reducer> r(new Reducer(module, std::move(group), options, std::move(who)));
   r->check_and_broadcast();
   r->build_buckets();
@@ -161,13 +160,12 @@ void Reducer::check_and_broadcast() {
       if (i < per_rank[r].size())
         ranks.push_back(fmt::format("rank {}: {}", r, per_rank[r][i].describe()));
       else
-        ranks.push_back(fmt::format("rank {}: none (it has {} parameters and buffers)", r,
-                                    per_rank[r].size()));
+        ranks.push_back(fmt::format("rank {}: none (it has {} parameters and buffers)", r, per_rank[r].size()));
     }
-    throw std::invalid_argument(fmt::format(
-        "{}: the model differs across ranks in {} '{}' (entry #{} of the parameters and buffers): "
-        "{}. Every rank must construct the same model before wrapping it.",
-        who_, ref.kind, ref.name, i, fmt::join(ranks, "; ")));
+    throw std::invalid_argument(
+        fmt::format("{}: the model differs across ranks in {} '{}' (entry #{} of the parameters and buffers): "
+                    "{}. Every rank must construct the same model before wrapping it.",
+                    who_, ref.kind, ref.name, i, fmt::join(ranks, "; ")));
   }
 
   broadcast_coalesced(all, group_);
@@ -213,8 +211,7 @@ void Reducer::build_buckets() {
     it->second.bytes += bytes;
   }
   for (auto& [key, o] : open) closed.push_back(std::move(o));
-  std::sort(closed.begin(), closed.end(),
-            [](const Open& a, const Open& b) { return a.first_pos < b.first_pos; });
+  std::sort(closed.begin(), closed.end(), [](const Open& a, const Open& b) { return a.first_pos < b.first_pos; });
 
   bucket_of_.assign(params_.size(), 0);
   slot_of_.assign(params_.size(), 0);
@@ -240,8 +237,8 @@ void Reducer::install_hooks() {
   for (size_t i = 0; i < params_.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
     if (!acc)
-      throw std::logic_error(fmt::format("{}: parameter '{}' has no gradient accumulator (not a leaf?)",
-                                         who_, names_[i]));
+      throw std::logic_error(
+          fmt::format("{}: parameter '{}' has no gradient accumulator (not a leaf?)", who_, names_[i]));
     hook_keys_.push_back(acc->add_post_hook(std::make_unique<ReadyHook>(self, i)));
     accumulators_.push_back(std::move(acc));
   }
@@ -252,12 +249,15 @@ void Reducer::pre_forward() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!error_.empty())
-      throw std::runtime_error(fmt::format("{} (raised by the previous backward; this {} cannot "
-                                           "continue: the ranks' reductions are out of step)",
-                                           error_, who_));
+      throw std::runtime_error(
+          fmt::format("{} (raised by the previous backward; this {} cannot "
+                      "continue: the ranks' reductions are out of step)",
+                      error_, who_));
     if (state_ != State::IDLE)
-      throw std::logic_error(fmt::format("{}: forward called while a backward is still reducing "
-                                         "gradients", who_));
+      throw std::logic_error(
+          fmt::format("{}: forward called while a backward is still reducing "
+                      "gradients",
+                      who_));
   }
   if (options_.broadcast_buffers) broadcast_buffers();
 }
@@ -332,10 +332,11 @@ void Reducer::begin_backward() {
 
 void Reducer::mark_ready_locked(size_t index) {
   if (ready_[index])
-    throw std::runtime_error(fmt::format(
-        "{}: parameter '{}' was marked ready twice in one backward (its gradient arrived after "
-        "find_unused_parameters declared it unused, or it took part in two backward passes "
-        "through the same forward)", who_, names_[index]));
+    throw std::runtime_error(
+        fmt::format("{}: parameter '{}' was marked ready twice in one backward (its gradient arrived after "
+                    "find_unused_parameters declared it unused, or it took part in two backward passes "
+                    "through the same forward)",
+                    who_, names_[index]));
   ready_[index] = 1;
   ++ready_count_;
   Bucket& b = buckets_[bucket_of_[index]];
@@ -355,8 +356,7 @@ void Reducer::mark_ready_locked(size_t index) {
 void Reducer::launch_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& b = buckets_[next_bucket_];
-    stats_.launches.emplace_back(static_cast<int>(next_bucket_),
-                                 static_cast<int>(params_.size() - ready_count_));
+    stats_.launches.emplace_back(static_cast<int>(next_bucket_), static_cast<int>(params_.size() - ready_count_));
     {
       comm::ScopedArgumentChecks checks_off(false);  // [Note: bucket all-reduces skip the argument checks]
       b.work = comm::all_reduce(b.flat, comm::ReduceOp::AVG, group_, /*async_op=*/true);

@@ -35,8 +35,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // Checks that every rank has the same parameters and buffers (names, dtypes, shapes), broadcasts
   // them from rank 0, builds the buckets and installs the hooks. `who` names the API in messages.
   // Collective over `group`.
-  static std::shared_ptr<Reducer> create(nn::Module& module, comm::GroupPtr group,
-                                         DDPOptions options, std::string who);
+  static std::shared_ptr<Reducer> create(nn::Module& module, comm::GroupPtr group, DDPOptions options, std::string who);
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
@@ -58,10 +57,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
  private:
   enum class State { IDLE, IN_BACKWARD };
   struct Bucket {
-    std::vector<size_t> vars;       // indices into params_, in bucket order
-    std::vector<int64_t> offsets;   // element offset of each var in flat
+    std::vector<size_t> vars;      // indices into params_, in bucket order
+    std::vector<int64_t> offsets;  // element offset of each var in flat
     at::Tensor flat;
-    int pending = 0;                // vars not yet ready in this backward
+    int pending = 0;  // vars not yet ready in this backward
     bool launched = false;
     comm::Work work;
   };
@@ -87,8 +86,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // Kept alive: a post hook only fires while its accumulator exists (libtorch-notes, Autograd).
   std::vector<c10::intrusive_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
-  std::vector<size_t> bucket_of_;   // param index -> bucket index
-  std::vector<size_t> slot_of_;     // param index -> position in its bucket
+  std::vector<size_t> bucket_of_;  // param index -> bucket index
+  std::vector<size_t> slot_of_;    // param index -> position in its bucket
   std::vector<Bucket> buckets_;
 
   std::mutex mu_;
@@ -96,13 +95,13 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   bool sync_ = true;
   std::vector<char> ready_;
   size_t ready_count_ = 0;
-  size_t next_bucket_ = 0;          // buckets launch in index order
-  std::vector<size_t> unused_;      // found by post_forward, marked ready by begin_backward
+  size_t next_bucket_ = 0;      // buckets launch in index order
+  std::vector<size_t> unused_;  // found by post_forward, marked ready by begin_backward
   // With find_unused_parameters: 1 where this rank's forward used the parameter (this backward);
   // summed over the group at the end of backward, 0 = unused on every rank (its .grad is left
   // as it was, None if it was None: PyTorch's globally-unused rule).
   std::vector<int32_t> locally_used_;
-  std::string error_;               // a failed backward's message, rethrown by pre_forward
+  std::string error_;  // a failed backward's message, rethrown by pre_forward
   BackwardStats stats_;
 };
 

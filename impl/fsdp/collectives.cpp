@@ -70,8 +70,7 @@ AllGatherResult foreach_all_gather(std::vector<FSDPParam>& params, const MeshInf
   return result;
 }
 
-void foreach_all_gather_copy_out(AllGatherResult& result, std::vector<FSDPParam>& params,
-                                 const MeshInfo& mesh_info) {
+void foreach_all_gather_copy_out(AllGatherResult& result, std::vector<FSDPParam>& params, const MeshInfo& mesh_info) {
   result.work.wait();
   for (auto& p : params) {
     if (p.has_extension()) p.extension_to_unsharded();

@@ -38,8 +38,7 @@ struct AllGatherResult {
 AllGatherResult foreach_all_gather(std::vector<FSDPParam>& params, const MeshInfo& mesh_info,
                                    const MixedPrecisionPolicy& mp, bool async_op, CollectiveChecks& checks);
 // Waits, then copies out into each parameter's unsharded tensor.
-void foreach_all_gather_copy_out(AllGatherResult& result, std::vector<FSDPParam>& params,
-                                 const MeshInfo& mesh_info);
+void foreach_all_gather_copy_out(AllGatherResult& result, std::vector<FSDPParam>& params, const MeshInfo& mesh_info);
 
 // Reduce-scatter of gradients (PyTorch's foreach_reduce): unsharded gradients (param dtype,
 // undefined = none) plus any kept by no_sync -> this rank's shard gradients (orig dtype),

@@ -9,19 +9,26 @@ namespace tdc::fsdp {
 
 const char* to_string(ShardedState state) {
   switch (state) {
-    case ShardedState::Sharded: return "Sharded";
-    case ShardedState::Unsharding: return "Unsharding";
-    case ShardedState::Unsharded: return "Unsharded";
+    case ShardedState::Sharded:
+      return "Sharded";
+    case ShardedState::Unsharding:
+      return "Unsharding";
+    case ShardedState::Unsharded:
+      return "Unsharded";
   }
   return "?";
 }
 
 const char* to_string(TrainingState state) {
   switch (state) {
-    case TrainingState::Idle: return "Idle";
-    case TrainingState::Forward: return "Forward";
-    case TrainingState::PreBackward: return "PreBackward";
-    case TrainingState::PostBackward: return "PostBackward";
+    case TrainingState::Idle:
+      return "Idle";
+    case TrainingState::Forward:
+      return "Forward";
+    case TrainingState::PreBackward:
+      return "PreBackward";
+    case TrainingState::PostBackward:
+      return "PostBackward";
   }
   return "?";
 }

@@ -42,9 +42,9 @@ const char* to_string(TrainingState state);
 // 2-D, (replicate, shard).
 struct MeshInfo {
   DeviceMesh mesh;
-  DeviceMesh shard_mesh;             // the 1-D shard dim of `mesh`
-  comm::GroupPtr shard_pg;           // the calling rank's group along the shard dim
-  comm::GroupPtr replicate_pg;       // HSDP only: its group along the replicate dim
+  DeviceMesh shard_mesh;        // the 1-D shard dim of `mesh`
+  comm::GroupPtr shard_pg;      // the calling rank's group along the shard dim
+  comm::GroupPtr replicate_pg;  // HSDP only: its group along the replicate dim
   int64_t shard_size = 1, shard_rank = 0, replicate_size = 1;
 
   static MeshInfo of(const DeviceMesh& mesh);

@@ -17,7 +17,8 @@ namespace tdc::fsdp {
 void set_all_gather_extension(nn::Module& module, const std::string& fqn, AllGatherExtension extension) {
   if (!extension.post_all_gather || (!extension.pre_all_gather && !extension.pre_all_gather_v1)) {
     throw std::invalid_argument(fmt::format(
-        "set_all_gather_extension('{}'): an extension needs post_all_gather and pre_all_gather (or pre_all_gather_v1)", fqn));
+        "set_all_gather_extension('{}'): an extension needs post_all_gather and pre_all_gather (or pre_all_gather_v1)",
+        fqn));
   }
   auto [owner, name] = module.owner_of(fqn);  // throws naming the FQN
   for (auto& s : states_in(module)) {
@@ -31,8 +32,9 @@ void set_all_gather_extension(nn::Module& module, const std::string& fqn, AllGat
       }
     }
   }
-  throw std::invalid_argument(fmt::format(
-      "set_all_gather_extension: parameter '{}' of {} is not sharded by a fully_shard'ed module", fqn, module.type_name()));
+  throw std::invalid_argument(
+      fmt::format("set_all_gather_extension: parameter '{}' of {} is not sharded by a fully_shard'ed module", fqn,
+                  module.type_name()));
 }
 
 void FSDPParam::set_extension(AllGatherExtension extension) {
@@ -47,10 +49,10 @@ void FSDPParam::set_extension(AllGatherExtension extension) {
 void FSDPParam::extension_all_gather(const MeshInfo& mesh_info, const MixedPrecisionPolicy& mp) {
   const int64_t n = mesh_info.shard_size;
   at::Tensor local = sharded_.detach();
-  PreAllGatherResult pre = ext_->pre_all_gather
-                               ? ext_->pre_all_gather(local, mesh_info.shard_mesh, local_shape_,
-                                                      tensor::detail::contiguous_stride(local_shape_), *uses_[0].first, mp)
-                               : ext_->pre_all_gather_v1(local, mesh_info.shard_mesh);
+  PreAllGatherResult pre =
+      ext_->pre_all_gather ? ext_->pre_all_gather(local, mesh_info.shard_mesh, local_shape_,
+                                                  tensor::detail::contiguous_stride(local_shape_), *uses_[0].first, mp)
+                           : ext_->pre_all_gather_v1(local, mesh_info.shard_mesh);
   ext_meta_ = pre.metadata;
   record_gathered_version();
   bool fresh = ext_outputs_.size() != pre.tensors.size();

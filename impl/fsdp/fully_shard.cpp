@@ -33,8 +33,10 @@ bool is_fully_sharded(const nn::Module& module) { return state_of(module) != nul
 FSDPModule as_fsdp(nn::Module& module) {
   auto s = state_of(module);
   if (!s) {
-    throw std::invalid_argument(fmt::format("module of type '{}' was never fully_shard'ed: it has no FSDPModule "
-                                            "methods (call fully_shard on it first)", module.type_name()));
+    throw std::invalid_argument(
+        fmt::format("module of type '{}' was never fully_shard'ed: it has no FSDPModule "
+                    "methods (call fully_shard on it first)",
+                    module.type_name()));
   }
   return FSDPModule(s);
 }

@@ -27,16 +27,16 @@ DeviceMesh default_mesh() {
 
 void check_not_fully_sharded(const nn::Module& module) {
   if (state_of(module)) {
-    throw std::invalid_argument(fmt::format("fully_shard: module of type '{}' is already fully_shard'ed",
-                                            module.type_name()));
+    throw std::invalid_argument(
+        fmt::format("fully_shard: module of type '{}' is already fully_shard'ed", module.type_name()));
   }
 }
 
 void check_options(const nn::Module& module, const DeviceMesh& mesh, const FullyShardOptions& options) {
   if (mesh.ndim() > 2) {
-    throw std::invalid_argument(fmt::format(
-        "fully_shard on '{}': the mesh has {} dims ({}); it must be 1-D (shard) or 2-D (replicate, shard)",
-        module.type_name(), mesh.ndim(), mesh.to_string()));
+    throw std::invalid_argument(
+        fmt::format("fully_shard on '{}': the mesh has {} dims ({}); it must be 1-D (shard) or 2-D (replicate, shard)",
+                    module.type_name(), mesh.ndim(), mesh.to_string()));
   }
   for (auto dt : {options.mp_policy.param_dtype, options.mp_policy.reduce_dtype, options.mp_policy.output_dtype}) {
     if (dt && !at::isFloatingType(*dt)) {
@@ -102,9 +102,10 @@ void check_param(const nn::Module& module, const ParamPlan& pl, const DeviceMesh
                  const FullyShardOptions& options) {
   const at::Tensor& t = pl.tensor;
   if (!at::isFloatingType(t.scalar_type())) {
-    throw std::invalid_argument(fmt::format("fully_shard on '{}': parameter '{}' has dtype {}; only floating-point "
-                                            "parameters can be sharded (list it in ignored_params)",
-                                            module.type_name(), pl.fqn, c10::toString(t.scalar_type())));
+    throw std::invalid_argument(
+        fmt::format("fully_shard on '{}': parameter '{}' has dtype {}; only floating-point "
+                    "parameters can be sharded (list it in ignored_params)",
+                    module.type_name(), pl.fqn, c10::toString(t.scalar_type())));
   }
   if (t.device().type() != c10::Device(mesh.device_type()).type() && !t.is_meta() &&
       !options.offload_policy.cpu_offload) {
@@ -125,8 +126,10 @@ int64_t shard_dim_of(const nn::Module& module, const ParamPlan& pl, const FullyS
   if (!s) return 0;
   const int64_t d = s->dim < 0 ? s->dim + pl.tensor.dim() : s->dim;
   if (d < 0 || d >= pl.tensor.dim()) {
-    throw std::invalid_argument(fmt::format("fully_shard on '{}': shard_placement_fn gave Shard({}) for '{}' "
-                                            "with {} dims", module.type_name(), s->dim, pl.fqn, pl.tensor.dim()));
+    throw std::invalid_argument(
+        fmt::format("fully_shard on '{}': shard_placement_fn gave Shard({}) for '{}' "
+                    "with {} dims",
+                    module.type_name(), s->dim, pl.fqn, pl.tensor.dim()));
   }
   return d;
 }

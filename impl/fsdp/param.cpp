@@ -58,9 +58,12 @@ void FSDPParam::count_unsharded_bytes(bool on) {
 // ------------------------------------------------------------------ init
 
 FSDPParam::FSDPParam(ParamPlan plan, const MeshInfo& mesh_info, const FullyShardOptions& options)
-    : fqn_(plan.fqn), uses_(plan.uses), local_shape_(plan.tensor.sizes().vec()),
+    : fqn_(plan.fqn),
+      uses_(plan.uses),
+      local_shape_(plan.tensor.sizes().vec()),
       orig_dtype_(plan.tensor.scalar_type()),
-      param_dtype_(options.mp_policy.param_dtype.value_or(plan.tensor.scalar_type())), dim_(plan.dim),
+      param_dtype_(options.mp_policy.param_dtype.value_or(plan.tensor.scalar_type())),
+      dim_(plan.dim),
       requires_grad_(plan.tensor.requires_grad()) {
   const int64_t n = mesh_info.shard_size;
   rows_ = local_shape_[dim_];
@@ -98,9 +101,8 @@ void FSDPParam::init_spec(const ParamPlan& plan, const MeshInfo& mesh_info) {
     spec_.stride = plan.tp_spec->stride;
   } else {
     spec_.mesh = mesh_info.mesh;
-    spec_.placements = mesh_info.mesh.ndim() == 2
-                           ? tensor::Placements{tensor::Replicate{}, tensor::Shard{dim_}}
-                           : tensor::Placements{tensor::Shard{dim_}};
+    spec_.placements = mesh_info.mesh.ndim() == 2 ? tensor::Placements{tensor::Replicate{}, tensor::Shard{dim_}}
+                                                  : tensor::Placements{tensor::Shard{dim_}};
     spec_.shape = local_shape_;
   }
   spec_.dtype = orig_dtype_;
@@ -143,10 +145,10 @@ at::Tensor FSDPParam::all_gather_input() const {
 
 void FSDPParam::check_unmodified(const char* when) const {
   if (gathered_version_ >= 0 && sharded_._version() != gathered_version_) {
-    throw std::runtime_error(fmt::format(
-        "fully_shard: parameter '{}' was modified in place between forward and {} (an optimizer step "
-        "before backward?); its gradient would not match the values the forward used",
-        fqn_, when));
+    throw std::runtime_error(
+        fmt::format("fully_shard: parameter '{}' was modified in place between forward and {} (an optimizer step "
+                    "before backward?); its gradient would not match the values the forward used",
+                    fqn_, when));
   }
 }
 

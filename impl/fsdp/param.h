@@ -22,11 +22,11 @@ using ParamUses = std::vector<std::pair<nn::Module*, std::string>>;
 
 // What fully_shard decided for one parameter before changing anything (init.cpp).
 struct ParamPlan {
-  std::string fqn;                                // relative to the fully_shard'ed module
-  at::Tensor tensor;                              // as registered (TP-local when TP distributed it)
-  ParamUses uses;                                 // every registration (tied parameters have several)
-  const tensor::DTensorSpec* tp_spec = nullptr;   // its tensor-parallel spec, if any
-  int64_t dim = 0;                                // FSDP shard dim of the local tensor
+  std::string fqn;                               // relative to the fully_shard'ed module
+  at::Tensor tensor;                             // as registered (TP-local when TP distributed it)
+  ParamUses uses;                                // every registration (tied parameters have several)
+  const tensor::DTensorSpec* tp_spec = nullptr;  // its tensor-parallel spec, if any
+  int64_t dim = 0;                               // FSDP shard dim of the local tensor
 };
 
 // [Note: FSDP tensors] The shard is the registered parameter: a leaf that requires grad, with a
@@ -114,10 +114,10 @@ class FSDPParam {
   int64_t rows_ = 0, padded_ = 0, my_rows_ = 0, row_numel_ = 1;
   bool requires_grad_ = true;
   at::Tensor sharded_;
-  at::Tensor unsharded_;          // undefined until the first gather
+  at::Tensor unsharded_;            // undefined until the first gather
   bool unsharded_counted_ = false;  // its bytes are in memory_stats (fsdp/testing.h)
   int64_t gathered_version_ = -1;   // shard version the unsharded data was gathered from; -1: never
-  at::Tensor grad_accum_;         // unsharded gradient kept by no_sync; undefined: none
+  at::Tensor grad_accum_;           // unsharded gradient kept by no_sync; undefined: none
   tensor::DTensorSpec spec_;
   // All-gather extension: the gathered buffers are kept (same storage every time: post_all_gather
   // refills `unsharded_` from them).

@@ -7,7 +7,9 @@
 namespace tdc::fsdp {
 
 ParamGroup::ParamGroup(std::vector<FSDPParam> params, MeshInfo mesh_info, const FullyShardOptions& options)
-    : params_(std::move(params)), mesh_info_(std::move(mesh_info)), mp_(options.mp_policy),
+    : params_(std::move(params)),
+      mesh_info_(std::move(mesh_info)),
+      mp_(options.mp_policy),
       offload_(options.offload_policy) {
   // An int k reshards to a world of k after forward: k == 1 keeps the whole parameter (False);
   // any other divisor is resharded fully here (same values, at most the memory of True).

@@ -53,7 +53,10 @@ class ParamGroup {
   // a module called twice before backward reshards only after its last node ran, since the other
   // call's saved tensors alias the same unsharded storage.
   void add_pending_node() { ++pending_nodes_; }
-  bool finish_pending_node() { pending_nodes_ = std::max(0, pending_nodes_ - 1); return pending_nodes_ == 0; }
+  bool finish_pending_node() {
+    pending_nodes_ = std::max(0, pending_nodes_ - 1);
+    return pending_nodes_ == 0;
+  }
   void clear_pending_nodes() { pending_nodes_ = 0; }
   void check_unmodified(const char* when) const;
 

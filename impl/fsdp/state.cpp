@@ -99,9 +99,8 @@ FSDPState::FSDPState(nn::Module& module, ParamGroup group)
 void FSDPState::register_hooks() {
   auto self = shared_from_this();
   std::weak_ptr<FSDPState> weak = self;
-  module_->register_forward_pre_hook([self](nn::Module&, const nn::Tensors& in) -> std::optional<nn::Tensors> {
-    return self->pre_forward(in);
-  });
+  module_->register_forward_pre_hook(
+      [self](nn::Module&, const nn::Tensors& in) -> std::optional<nn::Tensors> { return self->pre_forward(in); });
   module_->register_forward_hook(
       [weak](nn::Module&, const nn::Tensors&, const nn::Tensors& out) -> std::optional<nn::Tensors> {
         if (auto s = weak.lock()) return s->post_forward(out);
@@ -203,8 +202,8 @@ void FSDPState::pre_backward() {
 std::vector<at::Tensor> FSDPState::post_backward(const std::vector<at::Tensor>& grads) {
   check_state(label_, "post-backward", training_state_,
               {TrainingState::Idle, TrainingState::PreBackward, TrainingState::PostBackward});
-  check_state(label_, "post-backward (its backward computed with the unsharded parameters)",
-              group_.sharded_state(), {ShardedState::Unsharded});
+  check_state(label_, "post-backward (its backward computed with the unsharded parameters)", group_.sharded_state(),
+              {ShardedState::Unsharded});
   training_state_ = TrainingState::PostBackward;
   std::vector<at::Tensor> out = group_.reduce_grads(grads);
   if (group_.finish_pending_node() && group_.reshard_after_backward) group_.finish_and_reshard();
@@ -230,8 +229,7 @@ void FSDPState::check_user_control(const char* action) const {
     throw_lifecycle_error(label_, action, "Forward (inside its own forward)", "Idle");
   }
   if (backward_in_flight()) {
-    throw_lifecycle_error(label_, action,
-                          fmt::format("{} during a backward pass", to_string(training_state_)),
+    throw_lifecycle_error(label_, action, fmt::format("{} during a backward pass", to_string(training_state_)),
                           "Idle outside forward and backward (FSDP's hooks own the parameters there; "
                           "prefetch with set_modules_to_backward_prefetch)");
   }

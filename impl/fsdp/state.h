@@ -56,10 +56,10 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   ParamGroup group_;
   std::string label_;
   TrainingState training_state_ = TrainingState::Idle;
-  std::optional<bool> is_root_;                // unset until lazy init
+  std::optional<bool> is_root_;                 // unset until lazy init
   std::vector<std::weak_ptr<FSDPState>> tree_;  // root only: every state under it (itself included)
   std::vector<nn::Module*> forward_prefetch_, backward_prefetch_;
-  bool root_backward_queued_ = false;          // root only: its end-of-backward callback is queued
+  bool root_backward_queued_ = false;  // root only: its end-of-backward callback is queued
 };
 
 // ---------------------------------------------------------------- registry

@@ -61,7 +61,8 @@ std::vector<int> ranks_of(const at::Tensor& t) {
 DeviceMesh::DeviceMesh(std::shared_ptr<const State> state) : state_(std::move(state)) {}
 
 const DeviceMesh::State& DeviceMesh::state() const {
-  if (!state_) throw std::logic_error("DeviceMesh: this is no mesh (default-constructed); build one with init_device_mesh");
+  if (!state_)
+    throw std::logic_error("DeviceMesh: this is no mesh (default-constructed); build one with init_device_mesh");
   return *state_;
 }
 
@@ -81,16 +82,13 @@ at::Tensor DeviceMesh::mesh() const { return state().mesh.clone(); }
 int64_t DeviceMesh::dim_index(const std::string& name) const {
   auto it = std::find(state().names.begin(), state().names.end(), name);
   if (it == state().names.end()) {
-    throw std::invalid_argument(fmt::format(
-        "DeviceMesh: no dim named '{}'; this mesh's dims are ({})", name,
-        state().names.empty() ? std::string("unnamed") : quoted(state().names)));
+    throw std::invalid_argument(fmt::format("DeviceMesh: no dim named '{}'; this mesh's dims are ({})", name,
+                                            state().names.empty() ? std::string("unnamed") : quoted(state().names)));
   }
   return it - state().names.begin();
 }
 
-DeviceMesh DeviceMesh::operator[](const std::string& name) const {
-  return (*this)[std::vector<std::string>{name}];
-}
+DeviceMesh DeviceMesh::operator[](const std::string& name) const { return (*this)[std::vector<std::string>{name}]; }
 
 DeviceMesh DeviceMesh::operator[](const std::vector<std::string>& names) const {
   if (names.empty()) throw std::invalid_argument("DeviceMesh: slicing needs at least one dim name");
@@ -98,9 +96,8 @@ DeviceMesh DeviceMesh::operator[](const std::vector<std::string>& names) const {
   for (const auto& n : names) dims.push_back(dim_index(n));
   for (size_t i = 1; i < dims.size(); ++i) {
     if (dims[i] <= dims[i - 1]) {
-      throw std::invalid_argument(fmt::format(
-          "DeviceMesh: slice ({}) must name distinct dims in mesh order ({})", quoted(names),
-          quoted(state().names)));
+      throw std::invalid_argument(fmt::format("DeviceMesh: slice ({}) must name distinct dims in mesh order ({})",
+                                              quoted(names), quoted(state().names)));
     }
   }
   return select_dims(dims);
@@ -145,8 +142,7 @@ std::vector<int64_t> DeviceMesh::dims_in_root() const {
 
 comm::GroupPtr DeviceMesh::get_group(int64_t dim) const {
   if (dim < 0 || dim >= ndim()) {
-    throw std::out_of_range(fmt::format("DeviceMesh::get_group: dim {} is out of range for {}", dim,
-                                        to_string()));
+    throw std::out_of_range(fmt::format("DeviceMesh::get_group: dim {} is out of range for {}", dim, to_string()));
   }
   return state().groups[dim];
 }
@@ -154,27 +150,22 @@ comm::GroupPtr DeviceMesh::get_group(const std::string& name) const { return get
 comm::GroupPtr DeviceMesh::get_group() const {
   if (ndim() != 1) {
     throw std::invalid_argument(fmt::format(
-        "DeviceMesh::get_group() without a dim needs a 1-D mesh; {} is {}-D: pass a dim", to_string(),
-        ndim()));
+        "DeviceMesh::get_group() without a dim needs a 1-D mesh; {} is {}-D: pass a dim", to_string(), ndim()));
   }
   return state().groups[0];
 }
 
 int64_t DeviceMesh::get_local_rank(int64_t dim) const {
   if (dim < 0 || dim >= ndim()) {
-    throw std::out_of_range(fmt::format("DeviceMesh::get_local_rank: dim {} is out of range for {}",
-                                        dim, to_string()));
+    throw std::out_of_range(fmt::format("DeviceMesh::get_local_rank: dim {} is out of range for {}", dim, to_string()));
   }
   return state().coord[dim];
 }
-int64_t DeviceMesh::get_local_rank(const std::string& name) const {
-  return get_local_rank(dim_index(name));
-}
+int64_t DeviceMesh::get_local_rank(const std::string& name) const { return get_local_rank(dim_index(name)); }
 int64_t DeviceMesh::get_local_rank() const {
   if (ndim() != 1) {
     throw std::invalid_argument(fmt::format(
-        "DeviceMesh::get_local_rank() without a dim needs a 1-D mesh; {} is {}-D: pass a dim",
-        to_string(), ndim()));
+        "DeviceMesh::get_local_rank() without a dim needs a 1-D mesh; {} is {}-D: pass a dim", to_string(), ndim()));
   }
   return state().coord[0];
 }
@@ -210,8 +201,7 @@ bool DeviceMesh::operator==(const DeviceMesh& other) const {
 std::string DeviceMesh::to_string() const {
   std::string out = fmt::format("DeviceMesh('{}', {}", state().device_type, nested(state().mesh));
   if (!state().names.empty()) {
-    out += fmt::format(", mesh_dim_names=({}{})", quoted(state().names),
-                       state().names.size() == 1 ? "," : "");
+    out += fmt::format(", mesh_dim_names=({}{})", quoted(state().names), state().names.size() == 1 ? "," : "");
   }
   return out + ")";
 }
@@ -223,28 +213,28 @@ DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<in
   int64_t product = 1;
   for (int64_t s : shape) {
     if (s < 1) {
-      throw std::invalid_argument(fmt::format("init_device_mesh: mesh shape [{}] has a dim of size {}",
-                                              fmt::join(shape, ", "), s));
+      throw std::invalid_argument(
+          fmt::format("init_device_mesh: mesh shape [{}] has a dim of size {}", fmt::join(shape, ", "), s));
     }
     product *= s;
   }
   if (product != world->size()) {
-    throw std::invalid_argument(fmt::format(
-        "init_device_mesh: mesh shape [{}] holds {} ranks, but the world size is {}",
-        fmt::join(shape, ", "), product, world->size()));
+    throw std::invalid_argument(
+        fmt::format("init_device_mesh: mesh shape [{}] holds {} ranks, but the world size is {}",
+                    fmt::join(shape, ", "), product, world->size()));
   }
   if (!mesh_dim_names.empty()) {
     if (mesh_dim_names.size() != shape.size()) {
-      throw std::invalid_argument(fmt::format(
-          "init_device_mesh: {} mesh_dim_names ({}) for a {}-d mesh shape [{}]; give one per dim",
-          mesh_dim_names.size(), quoted(mesh_dim_names), shape.size(), fmt::join(shape, ", ")));
+      throw std::invalid_argument(
+          fmt::format("init_device_mesh: {} mesh_dim_names ({}) for a {}-d mesh shape [{}]; give one per dim",
+                      mesh_dim_names.size(), quoted(mesh_dim_names), shape.size(), fmt::join(shape, ", ")));
     }
     std::set<std::string> seen;
     for (const auto& n : mesh_dim_names) {
       if (n.empty()) throw std::invalid_argument("init_device_mesh: a mesh dim name is empty");
       if (!seen.insert(n).second) {
-        throw std::invalid_argument(fmt::format(
-            "init_device_mesh: mesh dim name '{}' appears twice in ({})", n, quoted(mesh_dim_names)));
+        throw std::invalid_argument(
+            fmt::format("init_device_mesh: mesh dim name '{}' appears twice in ({})", n, quoted(mesh_dim_names)));
       }
     }
   }

@@ -90,9 +90,7 @@ Embedding::Embedding(int64_t num, int64_t dim) : Module("Embedding"), num_embedd
   }
 }
 
-Tensors Embedding::forward(const Tensors& inputs) {
-  return {at::embedding(p("weight"), one_input(*this, inputs))};
-}
+Tensors Embedding::forward(const Tensors& inputs) { return {at::embedding(p("weight"), one_input(*this, inputs))}; }
 
 ModulePtr Embedding::clone_empty() const { return std::make_shared<Embedding>(num_embeddings, embedding_dim); }
 

@@ -37,8 +37,7 @@ struct NotCopyable : std::logic_error {
 
 // PyTorch's named_modules(): pre-order, self first, each module once (at its first path).
 // Walks LibTorch children too, so parameters of non-tdc children are not lost.
-void walk(const torch::nn::Module& m, const std::string& prefix,
-          std::unordered_set<const torch::nn::Module*>& seen,
+void walk(const torch::nn::Module& m, const std::string& prefix, std::unordered_set<const torch::nn::Module*>& seen,
           std::vector<std::pair<std::string, const torch::nn::Module*>>& out) {
   if (!seen.insert(&m).second) return;
   out.emplace_back(prefix, &m);
@@ -46,7 +45,7 @@ void walk(const torch::nn::Module& m, const std::string& prefix,
 }
 
 std::vector<std::pair<std::string, const torch::nn::Module*>> all_modules(const torch::nn::Module& root,
-                                                                           const std::string& prefix) {
+                                                                          const std::string& prefix) {
   std::unordered_set<const torch::nn::Module*> seen;
   std::vector<std::pair<std::string, const torch::nn::Module*>> out;
   walk(root, prefix, seen, out);
@@ -246,7 +245,9 @@ const at::Tensor& Module::p(const std::string& name) const {
 
 void Module::add_param_transform(const std::string& name, ParamTransform fn) {
   if (!parameters_.contains(name)) throw_unknown("parameter", name);
-  if (!fn) throw std::invalid_argument("add_param_transform: empty function for parameter '" + name + "' of module type '" + type_name_ + "'");
+  if (!fn)
+    throw std::invalid_argument("add_param_transform: empty function for parameter '" + name + "' of module type '" +
+                                type_name_ + "'");
   transforms_[name].push_back(std::move(fn));
 }
 
@@ -349,9 +350,8 @@ std::vector<std::pair<std::string, at::Tensor>> unique_named_tensors(const Modul
 }  // namespace
 
 std::vector<std::pair<std::string, at::Tensor>> Module::named_params(bool recurse) const {
-  return unique_named_tensors(*this, recurse, [](const torch::nn::Module& m) {
-    return m.named_parameters(/*recurse=*/false);
-  });
+  return unique_named_tensors(*this, recurse,
+                              [](const torch::nn::Module& m) { return m.named_parameters(/*recurse=*/false); });
 }
 
 std::vector<at::Tensor> Module::params(bool recurse) const {
@@ -361,9 +361,8 @@ std::vector<at::Tensor> Module::params(bool recurse) const {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Module::named_bufs(bool recurse) const {
-  return unique_named_tensors(*this, recurse, [](const torch::nn::Module& m) {
-    return m.named_buffers(/*recurse=*/false);
-  });
+  return unique_named_tensors(*this, recurse,
+                              [](const torch::nn::Module& m) { return m.named_buffers(/*recurse=*/false); });
 }
 
 Module& Module::submodule(const std::string& path) {
@@ -380,8 +379,8 @@ Module& Module::submodule(const std::string& path) {
       std::vector<std::string> names;
       for (const auto& item : children) names.push_back(item.key());
       throw std::invalid_argument("submodule: no module at '" + path + "': module '" + walked + "' (type '" +
-                                  cur->type_name() + "') has no child '" + part + "' (its children: " +
-                                  quoted_list(names) + ")");
+                                  cur->type_name() + "') has no child '" + part +
+                                  "' (its children: " + quoted_list(names) + ")");
     }
     auto* next = dynamic_cast<Module*>(c->get());
     if (!next) {
@@ -416,8 +415,8 @@ ModulePtr Module::clone_empty() const {
 
 struct ModuleCopier {
   std::unordered_map<const torch::nn::Module*, ModulePtr> modules;  // original -> copy
-  std::unordered_map<const c10::TensorImpl*, at::Tensor> tensors;  // original -> copy
-  std::unordered_set<const torch::nn::Module*> used;               // copies already placed
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> tensors;   // original -> copy
+  std::unordered_set<const torch::nn::Module*> used;                // copies already placed
 
   static std::string where(const std::string& fqn) { return fqn.empty() ? "(root)" : fqn; }
 

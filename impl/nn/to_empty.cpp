@@ -28,7 +28,8 @@ void to_empty(Module& module, c10::Device device) {
       if (b.is_meta()) {
         throw std::invalid_argument(fmt::format(
             "to_empty: buffer '{}' is on the meta device; tdc can materialise meta parameters but not meta buffers "
-            "(build buffers on a real device)", prefix.empty() ? name : prefix + "." + name));
+            "(build buffers on a real device)",
+            prefix.empty() ? name : prefix + "." + name));
       }
       at::Tensor(b).set_data(at::empty(b.sizes(), b.options().device(device)));
     }

@@ -14,12 +14,11 @@
 namespace tdc::tensor {
 namespace detail {
 
-Placements normalize_placements(const Placements& placements, const DeviceMesh& mesh, int64_t ndim,
-                                const char* who) {
+Placements normalize_placements(const Placements& placements, const DeviceMesh& mesh, int64_t ndim, const char* who) {
   if (static_cast<int64_t>(placements.size()) != mesh.ndim()) {
-    throw std::invalid_argument(fmt::format(
-        "{}: placements {} have {} entries but the mesh {} has {} dims (one placement per mesh dim)",
-        who, to_string(placements), placements.size(), mesh.to_string(), mesh.ndim()));
+    throw std::invalid_argument(
+        fmt::format("{}: placements {} have {} entries but the mesh {} has {} dims (one placement per mesh dim)", who,
+                    to_string(placements), placements.size(), mesh.to_string(), mesh.ndim()));
   }
   Placements out = placements;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -28,15 +27,15 @@ Placements normalize_placements(const Placements& placements, const DeviceMesh& 
     if (auto* s = std::get_if<StridedShard>(&out[i])) {
       dim = &s->dim;
       if (s->split_factor < 1) {
-        throw std::invalid_argument(fmt::format("{}: {} on mesh dim {} has split_factor {}; it must be >= 1",
-                                                who, to_string(out[i]), i, s->split_factor));
+        throw std::invalid_argument(fmt::format("{}: {} on mesh dim {} has split_factor {}; it must be >= 1", who,
+                                                to_string(out[i]), i, s->split_factor));
       }
     }
     if (!dim) continue;
     if (*dim < -ndim || *dim >= ndim) {
-      throw std::invalid_argument(fmt::format(
-          "{}: {} on mesh dim {} is out of range for a tensor of rank {} (valid dims: [{}, {}))", who,
-          to_string(placements[i]), i, ndim, -ndim, ndim));
+      throw std::invalid_argument(
+          fmt::format("{}: {} on mesh dim {} is out of range for a tensor of rank {} (valid dims: [{}, {}))", who,
+                      to_string(placements[i]), i, ndim, -ndim, ndim));
     }
     if (*dim < 0) *dim += ndim;
   }
@@ -108,8 +107,7 @@ std::vector<Run> select_positions(const std::vector<Run>& runs, int64_t begin, i
 }
 }  // namespace
 
-static std::vector<std::vector<Run>> runs_at(const DTensorSpec& spec, const std::vector<int64_t>& coord,
-                                             int64_t upto) {
+static std::vector<std::vector<Run>> runs_at(const DTensorSpec& spec, const std::vector<int64_t>& coord, int64_t upto) {
   const int64_t nd = static_cast<int64_t>(spec.shape.size());
   std::vector<std::vector<Run>> runs(nd);
   for (int64_t d = 0; d < nd; ++d) runs[d] = {{0, spec.shape[d]}};
@@ -179,20 +177,16 @@ std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]"
 using detail::contiguous_stride;
 using detail::shape_str;
 
-std::vector<int64_t> DTensorSpec::local_shape() const {
-  return detail::local_shape_at(*this, mesh.get_coordinate());
-}
-std::vector<int64_t> DTensorSpec::local_offset() const {
-  return detail::local_offset_at(*this, mesh.get_coordinate());
-}
+std::vector<int64_t> DTensorSpec::local_shape() const { return detail::local_shape_at(*this, mesh.get_coordinate()); }
+std::vector<int64_t> DTensorSpec::local_offset() const { return detail::local_offset_at(*this, mesh.get_coordinate()); }
 std::string DTensorSpec::to_string() const {
   return fmt::format("DTensorSpec(mesh={}, placements={}, shape={}, dtype={})", mesh.to_string(),
                      tdc::tensor::to_string(placements), shape_str(shape), c10::toString(dtype));
 }
 
 DTensor::DTensor(at::Tensor local, DTensorSpec spec) : local_(std::move(local)), spec_(std::move(spec)) {
-  spec_.placements = detail::normalize_placements(spec_.placements, spec_.mesh,
-                                                  static_cast<int64_t>(spec_.shape.size()), "DTensor");
+  spec_.placements =
+      detail::normalize_placements(spec_.placements, spec_.mesh, static_cast<int64_t>(spec_.shape.size()), "DTensor");
   if (spec_.stride.empty()) spec_.stride = contiguous_stride(spec_.shape);
   if (local_.defined()) spec_.dtype = local_.scalar_type();
 }
@@ -221,10 +215,10 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh, cons
   Placements ps = detail::normalize_placements(placements, mesh, tensor.dim(), "distribute_tensor");
   for (size_t i = 0; i < ps.size(); ++i) {
     if (is_partial(ps[i])) {
-      throw std::invalid_argument(fmt::format(
-          "distribute_tensor: {} on mesh dim {} is not allowed (placements {}); distribute as Replicate "
-          "and redistribute, or build the partial values with from_local",
-          to_string(ps[i]), i, to_string(ps)));
+      throw std::invalid_argument(
+          fmt::format("distribute_tensor: {} on mesh dim {} is not allowed (placements {}); distribute as Replicate "
+                      "and redistribute, or build the partial values with from_local",
+                      to_string(ps[i]), i, to_string(ps)));
     }
   }
   at::Tensor source = tensor;
@@ -242,8 +236,8 @@ DTensor distribute_tensor(const at::Tensor& tensor, const DeviceMesh& mesh, cons
     }
     if (tensor.requires_grad()) source = tensor + (source - tensor).detach();  // grads flow to `tensor`
   }
-  DTensorSpec from{mesh, Placements(ps.size(), Replicate{}), tensor.sizes().vec(),
-                   tensor.strides().vec(), tensor.scalar_type()};
+  DTensorSpec from{mesh, Placements(ps.size(), Replicate{}), tensor.sizes().vec(), tensor.strides().vec(),
+                   tensor.scalar_type()};
   if (!tensor.is_contiguous()) from.stride = contiguous_stride(from.shape);
   DTensorSpec to = from;
   to.placements = ps;
@@ -310,14 +304,13 @@ DTensor from_local(const at::Tensor& local, const DeviceMesh& mesh, const Placem
     for (size_t r = 0; r < coords.size(); ++r) {
       auto expect = detail::local_shape_at(spec, coords[r]);
       if (expect != shapes[r]) ok = false;
-      detail_msg += fmt::format("{}rank {}: {}{}", r ? ", " : "", flat_ranks[r].item<int64_t>(),
-                                shape_str(shapes[r]),
+      detail_msg += fmt::format("{}rank {}: {}{}", r ? ", " : "", flat_ranks[r].item<int64_t>(), shape_str(shapes[r]),
                                 expect != shapes[r] ? fmt::format(" (expected {})", shape_str(expect)) : "");
     }
     if (!ok) {
-      throw std::invalid_argument(fmt::format(
-          "from_local: local shapes are inconsistent with placements {} and global shape {} on mesh {}: {}",
-          to_string(ps), shape_str(shape), mesh.to_string(), detail_msg));
+      throw std::invalid_argument(
+          fmt::format("from_local: local shapes are inconsistent with placements {} and global shape {} on mesh {}: {}",
+                      to_string(ps), shape_str(shape), mesh.to_string(), detail_msg));
     }
   }
   std::vector<int64_t> stride = options.stride ? *options.stride : contiguous_stride(shape);

@@ -14,9 +14,9 @@ void set_param_spec(nn::Module& module, const std::string& name, const DTensorSp
   const at::Tensor& local = *found;
   std::vector<int64_t> expect = spec.local_shape();
   if (local.sizes().vec() != expect) {
-    throw std::invalid_argument(fmt::format(
-        "set_param_spec: parameter '{}' of {} has local shape [{}] but {} gives this rank [{}]", name,
-        module.type_name(), fmt::join(local.sizes(), ", "), spec.to_string(), fmt::join(expect, ", ")));
+    throw std::invalid_argument(
+        fmt::format("set_param_spec: parameter '{}' of {} has local shape [{}] but {} gives this rank [{}]", name,
+                    module.type_name(), fmt::join(local.sizes(), ", "), spec.to_string(), fmt::join(expect, ", ")));
   }
   module.set_param_meta(name, spec);
 }

@@ -45,9 +45,7 @@ std::optional<int64_t> shard_dim(const Placement& p) {
   return std::nullopt;
 }
 const Partial* partial_of(const Placement& p) { return std::get_if<Partial>(&p); }
-bool linear_partial(const Partial& p) {
-  return p.op == comm::ReduceOp::SUM || p.op == comm::ReduceOp::AVG;
-}
+bool linear_partial(const Partial& p) { return p.op == comm::ReduceOp::SUM || p.op == comm::ReduceOp::AVG; }
 
 std::string describe(std::initializer_list<const DTensor*> xs) {
   std::string s;
@@ -70,8 +68,8 @@ void require_defined(const std::string& op, const DTensor& x, const char* what) 
 
 void check_same_mesh(const std::string& op, const DTensor& a, const DTensor& b) {
   if (!(a.device_mesh() == b.device_mesh()))
-    throw std::invalid_argument(op + ": DTensors on different meshes: " + a.device_mesh().to_string() +
-                                " and " + b.device_mesh().to_string());
+    throw std::invalid_argument(op + ": DTensors on different meshes: " + a.device_mesh().to_string() + " and " +
+                                b.device_mesh().to_string());
 }
 
 // Placements with Shard dims normalised; StridedShard and non-linear partials have no rule.
@@ -241,8 +239,7 @@ DTensor unary(const std::string& op, bool linear, const DTensor& a, at::Tensor (
 // the reduced dims before it (keepdim: d); Partial(SUM/AVG) -> same Partial; R -> R.
 // mean is computed as local sum / global count, so uneven shards stay exact.
 
-DTensor reduce(const std::string& op, bool is_mean, const DTensor& a, std::vector<int64_t> dims,
-               bool keepdim) {
+DTensor reduce(const std::string& op, bool is_mean, const DTensor& a, std::vector<int64_t> dims, bool keepdim) {
   require_defined(op, a, "operand");
   const int64_t n = a.dim();
   if (dims.empty())
@@ -328,19 +325,55 @@ DTensor matmul_like(const std::string& op, const DTensor& a, const DTensor& b, M
       bool a_row = sa && *sa != a_k, a_k_ = sa && *sa == a_k;
       bool b_k = sb && *sb == md.b_k, b_n = sb && *sb == md.b_n;
       bool ra = is_replicate(pa), rb = is_replicate(pb);
-      if (ra && rb) { to[i] = Replicate{}; break; }
-      if (a_row && rb) { to[i] = Shard{*sa}; break; }
-      if (ra && b_n) { to[i] = Shard{out_n}; break; }
-      if (a_k_ && b_k) { to[i] = Partial{comm::ReduceOp::SUM}; break; }
-      if (qa && rb) { to[i] = *qa; break; }
-      if (ra && qb) { to[i] = *qb; break; }
+      if (ra && rb) {
+        to[i] = Replicate{};
+        break;
+      }
+      if (a_row && rb) {
+        to[i] = Shard{*sa};
+        break;
+      }
+      if (ra && b_n) {
+        to[i] = Shard{out_n};
+        break;
+      }
+      if (a_k_ && b_k) {
+        to[i] = Partial{comm::ReduceOp::SUM};
+        break;
+      }
+      if (qa && rb) {
+        to[i] = *qa;
+        break;
+      }
+      if (ra && qb) {
+        to[i] = *qb;
+        break;
+      }
       // Redistribute one side and look again.
-      if (a_k_ && rb) { pb = Shard{md.b_k}; continue; }
-      if (ra && b_k) { pa = Shard{a_k}; continue; }
-      if (a_row && sb) { pb = Replicate{}; continue; }
-      if (a_k_ && b_n) { pa = Replicate{}; continue; }
-      if (qa) { pa = Replicate{}; continue; }
-      if (qb) { pb = Replicate{}; continue; }
+      if (a_k_ && rb) {
+        pb = Shard{md.b_k};
+        continue;
+      }
+      if (ra && b_k) {
+        pa = Shard{a_k};
+        continue;
+      }
+      if (a_row && sb) {
+        pb = Replicate{};
+        continue;
+      }
+      if (a_k_ && b_n) {
+        pa = Replicate{};
+        continue;
+      }
+      if (qa) {
+        pa = Replicate{};
+        continue;
+      }
+      if (qb) {
+        pb = Replicate{};
+        continue;
+      }
       pa = Replicate{};  // Sn on a's side cannot happen; anything left gathers a
     }
   }
@@ -425,15 +458,14 @@ DTensor view_like(const std::string& op, bool may_redistribute, const DTensor& a
       if (shard_dim(in[k]) == d) ways *= mesh.size(k);
     std::optional<int64_t> e;
     for (const auto& g : groups)
-      if (g.in.front() == *d && a.shape()[*d] % ways == 0 && shape[g.out.front()] % ways == 0)
-        e = g.out.front();
+      if (g.in.front() == *d && a.shape()[*d] % ways == 0 && shape[g.out.front()] % ways == 0) e = g.out.front();
     if (e) {
       out[i] = Shard{*e};
     } else if (may_redistribute) {
       target[i] = out[i] = Replicate{};
     } else {
-      throw std::invalid_argument(op + ": no sharding rule for placements " + to_string(a.placements()) +
-                                  " viewing " + shape_str(a.shape()) + " as " + shape_str(shape) +
+      throw std::invalid_argument(op + ": no sharding rule for placements " + to_string(a.placements()) + " viewing " +
+                                  shape_str(a.shape()) + " as " + shape_str(shape) +
                                   " (use reshape, which redistributes)");
     }
   }
@@ -479,14 +511,16 @@ DTensor mean(const DTensor& a, const std::vector<int64_t>& dims, bool keepdim) {
 }
 
 DTensor mm(const DTensor& a, const DTensor& b) {
-  if (a.defined() && a.dim() != 2) throw std::invalid_argument("mm: expected a 2-D first operand, got " + shape_str(a.shape()));
+  if (a.defined() && a.dim() != 2)
+    throw std::invalid_argument("mm: expected a 2-D first operand, got " + shape_str(a.shape()));
   return matmul_like("mm", a, b, {0, 1}, local_mm);
 }
 
 DTensor addmm(const DTensor& bias, const DTensor& a, const DTensor& b) {
   require_defined("addmm", bias, "bias");
   if (a.defined()) check_same_mesh("addmm", bias, a);
-  if (a.defined() && a.dim() != 2) throw std::invalid_argument("addmm: expected a 2-D first operand, got " + shape_str(a.shape()));
+  if (a.defined() && a.dim() != 2)
+    throw std::invalid_argument("addmm: expected a 2-D first operand, got " + shape_str(a.shape()));
   return binary("addmm", Linearity::Additive, matmul_like("addmm", a, b, {0, 1}, local_mm), bias,
                 [](const at::Tensor& x, const at::Tensor& y) { return x + y; });
 }
@@ -520,13 +554,21 @@ DTensor embedding(const DTensor& weight, const DTensor& indices) {
     if (is_partial(ti[i])) no_rule(op, {&weight, &indices}, "indices cannot be Partial");
     auto sw = shard_dim(tw[i]), si = shard_dim(ti[i]);
     if (si && (sw || is_partial(tw[i]))) {
-      if (sw) ti[i] = Replicate{}; else tw[i] = Replicate{};
+      if (sw)
+        ti[i] = Replicate{};
+      else
+        tw[i] = Replicate{};
       si = shard_dim(ti[i]);
     }
-    if (sw && *sw == 0) { to[i] = Partial{comm::ReduceOp::SUM}; masked = true; }
-    else if (sw) to[i] = Shard{last};
-    else if (const auto* q = partial_of(tw[i])) to[i] = *q;
-    else if (si) to[i] = Shard{*si};
+    if (sw && *sw == 0) {
+      to[i] = Partial{comm::ReduceOp::SUM};
+      masked = true;
+    } else if (sw)
+      to[i] = Shard{last};
+    else if (const auto* q = partial_of(tw[i]))
+      to[i] = *q;
+    else if (si)
+      to[i] = Shard{*si};
   }
   DTensor rw = redistributed(weight, tw), ri = redistributed(indices, ti);
   at::Tensor lw = reduce_grad_over(rw.to_local(), mesh, tw, to);
@@ -559,7 +601,8 @@ DTensor transpose(const DTensor& a, int64_t dim0, int64_t dim1) {
   const int64_t n = a.dim();
   auto norm = [&](int64_t d) {
     if (d < -n || d >= n)
-      throw std::invalid_argument(op + ": dim " + std::to_string(d) + " out of range for shape " + shape_str(a.shape()));
+      throw std::invalid_argument(op + ": dim " + std::to_string(d) + " out of range for shape " +
+                                  shape_str(a.shape()));
     return d < 0 ? d + n : d;
   };
   dim0 = norm(dim0);

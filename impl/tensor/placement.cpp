@@ -20,10 +20,14 @@ bool is_partial(const Placement& p) { return std::holds_alternative<Partial>(p);
 namespace {
 std::string op_name(comm::ReduceOp op) {
   switch (op) {
-    case comm::ReduceOp::SUM: return "sum";
-    case comm::ReduceOp::AVG: return "avg";
-    case comm::ReduceOp::MAX: return "max";
-    case comm::ReduceOp::MIN: return "min";
+    case comm::ReduceOp::SUM:
+      return "sum";
+    case comm::ReduceOp::AVG:
+      return "avg";
+    case comm::ReduceOp::MAX:
+      return "max";
+    case comm::ReduceOp::MIN:
+      return "min";
   }
   return "?";
 }
@@ -49,8 +53,7 @@ std::string to_string(const Placements& ps) {
 
 ChunkRange chunk_range(int64_t dim_size, int64_t n, int64_t index) {
   if (n <= 0 || index < 0 || index >= n) {
-    throw std::invalid_argument(
-        fmt::format("chunk_range: index {} is out of range for {} chunks", index, n));
+    throw std::invalid_argument(fmt::format("chunk_range: index {} is out of range for {} chunks", index, n));
   }
   const int64_t chunk = (dim_size + n - 1) / n;  // torch.chunk: ceil(size / n)
   const int64_t begin = std::min(index * chunk, dim_size);

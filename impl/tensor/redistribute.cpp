@@ -32,9 +32,7 @@ int64_t parent_size(const DTensorSpec& spec, int64_t i, int64_t d) {
   return local_shape_at(spec, spec.mesh.get_coordinate(), i)[d];
 }
 
-at::Tensor index_tensor(const std::vector<int64_t>& idx) {
-  return at::tensor(idx, at::kLong);
-}
+at::Tensor index_tensor(const std::vector<int64_t>& idx) { return at::tensor(idx, at::kLong); }
 
 // The member's piece of `x` (a tensor moved so that the split dim is dim 0).
 at::Tensor take_piece(const at::Tensor& x, const Placement& p, int64_t n, int64_t m) {
@@ -103,8 +101,8 @@ at::Tensor scatter(const at::Tensor& local, const Placement& p, const DeviceMesh
 }
 
 // Partial -> Shard on mesh dim i.
-at::Tensor reduce_scatter(const at::Tensor& local, comm::ReduceOp op, const Placement& p,
-                          const DeviceMesh& mesh, int64_t i) {
+at::Tensor reduce_scatter(const at::Tensor& local, comm::ReduceOp op, const Placement& p, const DeviceMesh& mesh,
+                          int64_t i) {
   const int64_t d = shard_dim_of(p), n = mesh.size(i), me = mesh.get_local_rank(i);
   at::Tensor x = local.movedim(d, 0);
   const int64_t parent = x.size(0);
@@ -149,8 +147,8 @@ at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& from, 
   const int64_t mesh_dims = from.mesh.ndim();
   DTensorSpec cur = from;
   if (to.size() != from.placements.size()) {
-    throw std::invalid_argument(fmt::format("redistribute: target placements {} do not match the mesh's {} dims",
-                                            to_string(to), mesh_dims));
+    throw std::invalid_argument(
+        fmt::format("redistribute: target placements {} do not match the mesh's {} dims", to_string(to), mesh_dims));
   }
   // Which mesh dims must be undone and redone.
   std::vector<bool> dirty(mesh_dims);
@@ -240,8 +238,9 @@ struct RedistributeFunction : torch::autograd::Function<RedistributeFunction> {
     const auto* specs = static_cast<SpecCapsule*>(capsule.get());
     DTensorSpec grad_spec = specs->from;
     grad_spec.placements = specs->grad_from;
-    at::Tensor g = grads[0].defined() ? grads[0] : at::zeros(local_shape_at(grad_spec, grad_spec.mesh.get_coordinate()),
-                                                             at::TensorOptions().dtype(specs->from.dtype));
+    at::Tensor g = grads[0].defined() ? grads[0]
+                                      : at::zeros(local_shape_at(grad_spec, grad_spec.mesh.get_coordinate()),
+                                                  at::TensorOptions().dtype(specs->from.dtype));
     return {redistribute_local(g, grad_spec, specs->grad_to), at::Tensor()};
   }
 };

@@ -79,8 +79,8 @@ at::Tensor to_replicate_partial_grad(const at::Tensor& x, const DeviceMesh& mesh
 
 void check_activation_layout(const Placement& p, const char* what, const std::string& style, bool allow_partial) {
   if (std::holds_alternative<tensor::StridedShard>(p) || (!allow_partial && tensor::is_partial(p))) {
-    throw std::invalid_argument(fmt::format("{}: {} {} is not supported (use Shard(d) or Replicate())", style, what,
-                                            layout_str(p)));
+    throw std::invalid_argument(
+        fmt::format("{}: {} {} is not supported (use Shard(d) or Replicate())", style, what, layout_str(p)));
   }
 }
 
@@ -95,8 +95,8 @@ void distribute_param(nn::Module& m, const std::string& name, const DeviceMesh& 
     return;
   }
   const int64_t src = mesh.mesh().flatten()[0].item<int64_t>();
-  tensor::DTensor d = tensor::distribute_tensor(t->detach(), mesh, {placement}, /*broadcast_from_src=*/true,
-                                                static_cast<int>(src));
+  tensor::DTensor d =
+      tensor::distribute_tensor(t->detach(), mesh, {placement}, /*broadcast_from_src=*/true, static_cast<int>(src));
   const bool rg = t->requires_grad();
   at::Tensor local = d.to_local().detach().clone(at::MemoryFormat::Contiguous).requires_grad_(rg);
   m.replace_param(name, local);
@@ -111,10 +111,10 @@ void check_param_free(const nn::Module& m, const std::string& name, const Device
     const bool ok = spec->mesh == mesh && spec->placements.size() == 1 &&
                     same(spec->placements[0], placement, static_cast<int64_t>(spec->shape.size()));
     if (!ok) {
-      throw std::invalid_argument(fmt::format(
-          "{} on {}: parameter '{}' is already distributed as {} on {}; it cannot also be {} on {}", style,
-          where(fqn, m), name, tensor::to_string(spec->placements), spec->mesh.to_string(), layout_str(placement),
-          mesh.to_string()));
+      throw std::invalid_argument(
+          fmt::format("{} on {}: parameter '{}' is already distributed as {} on {}; it cannot also be {} on {}", style,
+                      where(fqn, m), name, tensor::to_string(spec->placements), spec->mesh.to_string(),
+                      layout_str(placement), mesh.to_string()));
     }
   }
   const int64_t ndim = t->dim();
@@ -164,21 +164,22 @@ void apply_colwise(const ColwiseParallel& s, nn::Module& m, const DeviceMesh& me
     distribute_param(m, "weight", mesh, Shard{1});
   }
   const int64_t out_size = global_size(m, "weight", is_linear ? 0 : 1);
-  m.register_forward_pre_hook([s, mesh, is_linear](nn::Module& mod, const nn::Tensors& in) -> std::optional<nn::Tensors> {
-    require_one_input(mod, in, "ColwiseParallel");
-    nn::Tensors out = in;
-    // A Linear's local matmul leaves a partial input gradient: reduced in backward. Embedding ids
-    // carry no gradient.
-    out[0] = is_linear ? to_replicate_partial_grad(in[0], mesh, s.input_layouts)
-                       : convert(in[0], mesh, s.input_layouts, Replicate{});
-    return out;
-  });
-  m.register_forward_hook([s, mesh, out_size](nn::Module&, const nn::Tensors&, const nn::Tensors& outputs)
-                              -> std::optional<nn::Tensors> {
-    nn::Tensors out = outputs;
-    out[0] = convert(outputs[0], mesh, Shard{-1}, s.output_layouts, out_size);
-    return out;
-  });
+  m.register_forward_pre_hook(
+      [s, mesh, is_linear](nn::Module& mod, const nn::Tensors& in) -> std::optional<nn::Tensors> {
+        require_one_input(mod, in, "ColwiseParallel");
+        nn::Tensors out = in;
+        // A Linear's local matmul leaves a partial input gradient: reduced in backward. Embedding ids
+        // carry no gradient.
+        out[0] = is_linear ? to_replicate_partial_grad(in[0], mesh, s.input_layouts)
+                           : convert(in[0], mesh, s.input_layouts, Replicate{});
+        return out;
+      });
+  m.register_forward_hook(
+      [s, mesh, out_size](nn::Module&, const nn::Tensors&, const nn::Tensors& outputs) -> std::optional<nn::Tensors> {
+        nn::Tensors out = outputs;
+        out[0] = convert(outputs[0], mesh, Shard{-1}, s.output_layouts, out_size);
+        return out;
+      });
 }
 
 // ---------------------------------------------------------------- RowwiseParallel
@@ -210,40 +211,44 @@ void apply_rowwise(const RowwiseParallel& s, nn::Module& m, const DeviceMesh& me
         return detail::redistribute_autograd(b, spec, {Partial{}});
       });
     }
-    m.register_forward_pre_hook([s, mesh, in_size](nn::Module& mod, const nn::Tensors& in) -> std::optional<nn::Tensors> {
-      require_one_input(mod, in, "RowwiseParallel");
-      nn::Tensors out = in;
-      const bool input_sharded_last = tensor::is_shard(s.input_layouts) &&
-                                      same(s.input_layouts, Shard{-1}, in[0].dim());
-      out[0] = convert(in[0], mesh, s.input_layouts, Shard{-1}, input_sharded_last ? in_size : -1);
-      return out;
-    });
+    m.register_forward_pre_hook(
+        [s, mesh, in_size](nn::Module& mod, const nn::Tensors& in) -> std::optional<nn::Tensors> {
+          require_one_input(mod, in, "RowwiseParallel");
+          nn::Tensors out = in;
+          const bool input_sharded_last =
+              tensor::is_shard(s.input_layouts) && same(s.input_layouts, Shard{-1}, in[0].dim());
+          out[0] = convert(in[0], mesh, s.input_layouts, Shard{-1}, input_sharded_last ? in_size : -1);
+          return out;
+        });
   } else {
     distribute_param(m, "weight", mesh, Shard{0});
     const tensor::ChunkRange range =
         tensor::chunk_range(global_size(m, "weight", 0), mesh.size(), mesh.get_local_rank());
     // The ids outside this rank's rows give zero rows (MaskPartial): mask kept between the hooks.
     auto mask = std::make_shared<at::Tensor>();
-    m.register_forward_pre_hook([s, mesh, range, mask](nn::Module& mod, const nn::Tensors& in) -> std::optional<nn::Tensors> {
-      require_one_input(mod, in, "RowwiseParallel");
-      at::Tensor ids = convert(in[0], mesh, s.input_layouts, Replicate{});
-      *mask = (ids < range.offset).logical_or(ids >= range.offset + range.size);
-      nn::Tensors out = in;
-      out[0] = (ids - range.offset).masked_fill(*mask, 0);
-      return out;
-    });
-    m.register_forward_hook([mask](nn::Module&, const nn::Tensors&, const nn::Tensors& outputs) -> std::optional<nn::Tensors> {
-      nn::Tensors out = outputs;
-      out[0] = outputs[0].masked_fill(mask->unsqueeze(-1), 0.0);
-      mask->reset();
-      return out;
-    });
+    m.register_forward_pre_hook(
+        [s, mesh, range, mask](nn::Module& mod, const nn::Tensors& in) -> std::optional<nn::Tensors> {
+          require_one_input(mod, in, "RowwiseParallel");
+          at::Tensor ids = convert(in[0], mesh, s.input_layouts, Replicate{});
+          *mask = (ids < range.offset).logical_or(ids >= range.offset + range.size);
+          nn::Tensors out = in;
+          out[0] = (ids - range.offset).masked_fill(*mask, 0);
+          return out;
+        });
+    m.register_forward_hook(
+        [mask](nn::Module&, const nn::Tensors&, const nn::Tensors& outputs) -> std::optional<nn::Tensors> {
+          nn::Tensors out = outputs;
+          out[0] = outputs[0].masked_fill(mask->unsqueeze(-1), 0.0);
+          mask->reset();
+          return out;
+        });
   }
-  m.register_forward_hook([s, mesh](nn::Module&, const nn::Tensors&, const nn::Tensors& outputs) -> std::optional<nn::Tensors> {
-    nn::Tensors out = outputs;
-    out[0] = convert(outputs[0], mesh, Partial{}, s.output_layouts);
-    return out;
-  });
+  m.register_forward_hook(
+      [s, mesh](nn::Module&, const nn::Tensors&, const nn::Tensors& outputs) -> std::optional<nn::Tensors> {
+        nn::Tensors out = outputs;
+        out[0] = convert(outputs[0], mesh, Partial{}, s.output_layouts);
+        return out;
+      });
 }
 
 // ---------------------------------------------------------------- SequenceParallel
@@ -265,8 +270,8 @@ void apply_sequence_parallel(const SequenceParallel& s, nn::Module& m, const Dev
 // ---------------------------------------------------------------- PrepareModuleInput/Output
 
 void validate_layout_lists(const std::vector<std::optional<Placement>>& from,
-                           const std::vector<std::optional<Placement>>& to, const char* style,
-                           const char* from_name, const char* to_name, const nn::Module& m, const std::string& fqn) {
+                           const std::vector<std::optional<Placement>>& to, const char* style, const char* from_name,
+                           const char* to_name, const nn::Module& m, const std::string& fqn) {
   if (from.size() != to.size()) {
     throw std::invalid_argument(fmt::format("{} on {}: {} has {} entries but {} has {}", style, where(fqn, m),
                                             from_name, from.size(), to_name, to.size()));
@@ -282,8 +287,8 @@ void validate_layout_lists(const std::vector<std::optional<Placement>>& from,
 }
 
 nn::Tensors convert_list(const nn::Tensors& xs, const std::vector<std::optional<Placement>>& from,
-                         const std::vector<std::optional<Placement>>& to, const DeviceMesh& mesh,
-                         const nn::Module& m, const char* style, const char* what) {
+                         const std::vector<std::optional<Placement>>& to, const DeviceMesh& mesh, const nn::Module& m,
+                         const char* style, const char* what) {
   if (xs.size() < from.size()) {
     throw std::invalid_argument(fmt::format("{}: module {} got {} {} but the style lists {} layouts", style,
                                             m.type_name(), xs.size(), what, from.size()));
@@ -301,12 +306,16 @@ nn::Tensors convert_list(const nn::Tensors& xs, const std::vector<std::optional<
 
 ParallelStyle::ParallelStyle(ColwiseParallel s)
     : name_("ColwiseParallel"),
-      validate_([s](const nn::Module& m, const DeviceMesh& mesh, const std::string& fqn) { validate_colwise(s, m, mesh, fqn); }),
+      validate_([s](const nn::Module& m, const DeviceMesh& mesh, const std::string& fqn) {
+        validate_colwise(s, m, mesh, fqn);
+      }),
       apply_([s](nn::Module& m, const DeviceMesh& mesh, const std::string&) { apply_colwise(s, m, mesh); }) {}
 
 ParallelStyle::ParallelStyle(RowwiseParallel s)
     : name_("RowwiseParallel"),
-      validate_([s](const nn::Module& m, const DeviceMesh& mesh, const std::string& fqn) { validate_rowwise(s, m, mesh, fqn); }),
+      validate_([s](const nn::Module& m, const DeviceMesh& mesh, const std::string& fqn) {
+        validate_rowwise(s, m, mesh, fqn);
+      }),
       apply_([s](nn::Module& m, const DeviceMesh& mesh, const std::string&) { apply_rowwise(s, m, mesh); }) {}
 
 ParallelStyle::ParallelStyle(SequenceParallel s)
@@ -316,7 +325,8 @@ ParallelStyle::ParallelStyle(SequenceParallel s)
           throw std::invalid_argument(
               fmt::format("SequenceParallel on {}: sequence_dim {} must be >= 0", where(fqn, m), s.sequence_dim));
         }
-        for (const auto& item : m.named_parameters(false)) check_param_free(m, item.key(), mesh, Replicate{}, fqn, "SequenceParallel");
+        for (const auto& item : m.named_parameters(false))
+          check_param_free(m, item.key(), mesh, Replicate{}, fqn, "SequenceParallel");
       }),
       apply_([s](nn::Module& m, const DeviceMesh& mesh, const std::string&) { apply_sequence_parallel(s, m, mesh); }) {}
 
@@ -339,14 +349,17 @@ ParallelStyle::ParallelStyle(PrepareModuleOutput s)
                               "desired_output_layouts", m, fqn);
       }),
       apply_([s](nn::Module& m, const DeviceMesh& mesh, const std::string&) {
-        m.register_forward_hook([s, mesh](nn::Module& mod, const nn::Tensors&, const nn::Tensors& outputs) -> std::optional<nn::Tensors> {
-          return convert_list(outputs, s.output_layouts, s.desired_output_layouts, mesh, mod, "PrepareModuleOutput",
-                              "outputs");
-        });
+        m.register_forward_hook(
+            [s, mesh](nn::Module& mod, const nn::Tensors&, const nn::Tensors& outputs) -> std::optional<nn::Tensors> {
+              return convert_list(outputs, s.output_layouts, s.desired_output_layouts, mesh, mod, "PrepareModuleOutput",
+                                  "outputs");
+            });
       }) {}
 
 ParallelStyle::ParallelStyle(std::string name, ApplyFn apply)
-    : name_(std::move(name)), validate_([](const nn::Module&, const DeviceMesh&, const std::string&) {}), apply_(std::move(apply)) {
+    : name_(std::move(name)),
+      validate_([](const nn::Module&, const DeviceMesh&, const std::string&) {}),
+      apply_(std::move(apply)) {
   if (!apply_) throw std::invalid_argument("ParallelStyle '" + name_ + "': empty apply function");
 }
 
@@ -435,14 +448,15 @@ nn::Module& parallelize_module(nn::Module& module, const DeviceMesh& mesh, const
     }
     for (auto& [fqn, m] : found) {
       style.validate(*m, mesh, fqn);
-      const bool shards = style.name() == "ColwiseParallel" || style.name() == "RowwiseParallel" ||
-                          style.name() == "SequenceParallel";
+      const bool shards =
+          style.name() == "ColwiseParallel" || style.name() == "RowwiseParallel" || style.name() == "SequenceParallel";
       if (shards) {
         auto [it, fresh] = sharded_by.emplace(m, key);
         if (!fresh) {
           throw std::invalid_argument(fmt::format(
               "parallelize_module: module '{}' ({}) is matched by plan keys '{}' and '{}'; a module's parameters "
-              "can be distributed by one style only", fqn, m->type_name(), it->second, key));
+              "can be distributed by one style only",
+              fqn, m->type_name(), it->second, key));
         }
       }
       todo.emplace_back(fqn, m, &style);

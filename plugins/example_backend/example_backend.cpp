@@ -45,8 +45,7 @@ class ExampleBackend : public c10d::Backend {
   // No _reduce_scatter_base on purpose: tdc then emulates reduce-scatter with alltoall_base,
   // which is what a minimal third-party backend looks like.
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
-                                               std::vector<int64_t>& output_splits,
-                                               std::vector<int64_t>& input_splits,
+                                               std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& opts) override {
     return serve()->alltoall_base(output, input, output_splits, input_splits, opts);
   }
@@ -56,9 +55,7 @@ class ExampleBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
     return serve()->recv(tensors, src, tag);
   }
-  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
-    return serve()->barrier(opts);
-  }
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override { return serve()->barrier(opts); }
 
  private:
   c10d::Backend* serve() {
@@ -82,5 +79,4 @@ void tdc_register_backends(tdc::comm::BackendRegistry& registry) {
 
 // For tests (dlsym): ops the "example" backend served on the calling thread (rank).
 int64_t tdc_example_backend_ops_served() { return tls_served; }
-
 }

@@ -23,10 +23,10 @@ class DeviceMesh {
   const std::string& device_type() const;
   int64_t ndim() const;
   std::vector<int64_t> shape() const;
-  int64_t size() const;                   // number of ranks in the mesh
+  int64_t size() const;  // number of ranks in the mesh
   int64_t size(int64_t dim) const;
   const std::vector<std::string>& mesh_dim_names() const;
-  at::Tensor mesh() const;                // int64 tensor of global ranks, shape()
+  at::Tensor mesh() const;  // int64 tensor of global ranks, shape()
 
   // Slicing by dim name(s): mesh["dp"], mesh[{"dp", "tp"}]. The result reuses the parent's
   // per-dim groups. Throws std::invalid_argument naming an unknown dim and the known ones.
@@ -46,8 +46,8 @@ class DeviceMesh {
   comm::GroupPtr get_group() const;
   int64_t get_local_rank(int64_t dim) const;
   int64_t get_local_rank(const std::string& name) const;
-  int64_t get_local_rank() const;           // 1-D meshes
-  int64_t get_rank() const;                 // global rank of the caller
+  int64_t get_local_rank() const;               // 1-D meshes
+  int64_t get_rank() const;                     // global rank of the caller
   std::vector<int64_t> get_coordinate() const;  // caller's coordinate in this mesh
 
   // Flattens all dims into one named dim with its own group (DeviceMesh._flatten). The name
@@ -62,15 +62,13 @@ class DeviceMesh {
   std::vector<int64_t> dims_in_root() const;
   // Same device type, shape, dim names and ranks.
   bool operator==(const DeviceMesh& other) const;
-  std::string to_string() const;            // "DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp'))"
-
+  std::string to_string() const;  // "DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp'))"
 
  private:
   struct State;
   explicit DeviceMesh(std::shared_ptr<const State> state);
   const State& state() const;  // throws on a default-constructed DeviceMesh
-  friend DeviceMesh init_device_mesh(const std::string&, const std::vector<int64_t>&,
-                                     const std::vector<std::string>&);
+  friend DeviceMesh init_device_mesh(const std::string&, const std::vector<int64_t>&, const std::vector<std::string>&);
   std::shared_ptr<const State> state_;
 };
 

@@ -32,12 +32,12 @@ Launcher launcher_from_string(const std::string& s);  // throws std::invalid_arg
 // Options of one distributed test. Zero / unset fields take the suite default, then the
 // run default. Use designated initializers: TDC_DIST_TEST(S, N, .world_size = 2).
 struct TestOptions {
-  int world_size = 0;                   // ranks; default 4
-  double timeout_s = 0;                 // per-test deadline; default --tdc_timeout (60 s)
-  std::optional<Launcher> launcher{};   // force a launcher (else the run's launcher)
-  int num_threads = 0;                  // at::set_num_threads per rank; default 1
-  std::optional<uint64_t> seed{};       // identical on every rank; default 1234
-  int min_gpus = 0;                     // skip_if_lt_x_gpu(min_gpus) before any rank starts
+  int world_size = 0;                  // ranks; default 4
+  double timeout_s = 0;                // per-test deadline; default --tdc_timeout (60 s)
+  std::optional<Launcher> launcher{};  // force a launcher (else the run's launcher)
+  int num_threads = 0;                 // at::set_num_threads per rank; default 1
+  std::optional<uint64_t> seed{};      // identical on every rank; default 1234
+  int min_gpus = 0;                    // skip_if_lt_x_gpu(min_gpus) before any rank starts
 };
 
 // What a rank sees. Valid inside a rank body (any launcher), on the rank's own thread.
@@ -46,15 +46,15 @@ struct RankContext {
   int world_size = 1;
   int local_rank = 0;
   Launcher launcher = Launcher::Fork;
-  std::string test_id;                   // "Suite.Name"
-  c10::intrusive_ptr<c10d::Store> store; // fresh rendezvous store for this test (all ranks)
-  std::filesystem::path temp_dir;        // private (0700) per-test dir, removed afterwards
-  std::string backend;                   // requested c10d backend ("gloo", "nccl", plug-in name)
-  std::string backend_lib;               // plug-in library to load, or empty
-  std::string device_type;               // "cpu" or "cuda"
-  c10::Device device{c10::kCPU};         // this rank's device (cuda: local_rank % count)
+  std::string test_id;                    // "Suite.Name"
+  c10::intrusive_ptr<c10d::Store> store;  // fresh rendezvous store for this test (all ranks)
+  std::filesystem::path temp_dir;         // private (0700) per-test dir, removed afterwards
+  std::string backend;                    // requested c10d backend ("gloo", "nccl", plug-in name)
+  std::string backend_lib;                // plug-in library to load, or empty
+  std::string device_type;                // "cpu" or "cuda"
+  c10::Device device{c10::kCPU};          // this rank's device (cuda: local_rank % count)
   uint64_t seed = 1234;
-  at::Generator rank_generator;          // a CPU generator seeded with seed + rank
+  at::Generator rank_generator;  // a CPU generator seeded with seed + rank
 };
 
 // The calling rank's context; throws std::logic_error outside a rank body.
@@ -104,53 +104,50 @@ struct SuiteRegistrar {
 
 }  // namespace tdc::harness
 
-#define TDC_DIST_SUITE(Suite, ...)                                                   \
-  static ::tdc::harness::internal::SuiteRegistrar tdc_suite_registrar_##Suite(       \
+#define TDC_DIST_SUITE(Suite, ...)                                             \
+  static ::tdc::harness::internal::SuiteRegistrar tdc_suite_registrar_##Suite( \
       #Suite, ::tdc::harness::TestOptions{__VA_ARGS__})
 
-#define TDC_DIST_TEST(Suite, Name, ...)                                              \
-  static void Suite##_##Name##_TdcBody();                                            \
-  TEST(Suite, Name) {                                                                \
-    ::tdc::harness::internal::run_distributed(                                       \
-        #Suite, #Name, ::tdc::harness::TestOptions{__VA_ARGS__}, &Suite##_##Name##_TdcBody); \
-  }                                                                                  \
+#define TDC_DIST_TEST(Suite, Name, ...)                                                                \
+  static void Suite##_##Name##_TdcBody();                                                              \
+  TEST(Suite, Name) {                                                                                  \
+    ::tdc::harness::internal::run_distributed(#Suite, #Name, ::tdc::harness::TestOptions{__VA_ARGS__}, \
+                                              &Suite##_##Name##_TdcBody);                              \
+  }                                                                                                    \
   static void Suite##_##Name##_TdcBody()
 
 // ------------------------------------------------------------------ skips (inside a rank body)
 // A skip on any rank skips the test with its reason; ranks that disagree are reported.
 // Safe as the statement of an unbraced if/else: the switch keeps a following `else` from binding
 // to the macro's own if (GoogleTest's GTEST_AMBIGUOUS_ELSE_BLOCKER_).
-#define TDC_SKIP_IF(cond, reason)   \
-  switch (0)                        \
-  case 0:                           \
-  default:                          \
-    if (!(cond)) {                  \
-    } else                          \
+#define TDC_SKIP_IF(cond, reason) \
+  switch (0)                      \
+  case 0:                         \
+  default:                        \
+    if (!(cond)) {                \
+    } else                        \
       GTEST_SKIP() << reason
 
-#define TDC_SKIP_IF_LT_X_GPU(n)                                                      \
-  TDC_SKIP_IF(::tdc::harness::device_count() < (n),                                  \
-              "skip_if_lt_x_gpu(" << (n) << "): need at least " << (n)               \
-                                  << " accelerator devices, found "                  \
-                                  << ::tdc::harness::device_count())
+#define TDC_SKIP_IF_LT_X_GPU(n)                                                                              \
+  TDC_SKIP_IF(::tdc::harness::device_count() < (n), "skip_if_lt_x_gpu(" << (n) << "): need at least " << (n) \
+                                                                        << " accelerator devices, found "    \
+                                                                        << ::tdc::harness::device_count())
 
-#define TDC_SKIP_UNLESS_BACKEND(name)                                                \
-  TDC_SKIP_IF(::tdc::harness::ctx().backend != (name),                               \
-              "needs backend '" << (name) << "', run uses '"                         \
-                                << ::tdc::harness::ctx().backend << "'")
+#define TDC_SKIP_UNLESS_BACKEND(name)                  \
+  TDC_SKIP_IF(::tdc::harness::ctx().backend != (name), \
+              "needs backend '" << (name) << "', run uses '" << ::tdc::harness::ctx().backend << "'")
 
-#define TDC_SKIP_UNLESS_DEVICE(type)                                                 \
-  TDC_SKIP_IF(::tdc::harness::ctx().device_type != (type),                           \
-              "needs device '" << (type) << "', run uses '"                          \
-                               << ::tdc::harness::ctx().device_type << "'")
+#define TDC_SKIP_UNLESS_DEVICE(type)                       \
+  TDC_SKIP_IF(::tdc::harness::ctx().device_type != (type), \
+              "needs device '" << (type) << "', run uses '" << ::tdc::harness::ctx().device_type << "'")
 
 // The implementation under test lacks a feature: reported as NOT_SUPPORTED, never PASS.
 #define TDC_NOT_SUPPORTED(feature) GTEST_SKIP() << "[NOT_SUPPORTED] " << feature
 
-#define TDC_REQUIRE_CAPABILITY(feature)                \
-  switch (0)                                           \
-  case 0:                                              \
-  default:                                             \
-    if (::tdc::harness::has_capability(feature)) {     \
-    } else                                             \
+#define TDC_REQUIRE_CAPABILITY(feature)            \
+  switch (0)                                       \
+  case 0:                                          \
+  default:                                         \
+    if (::tdc::harness::has_capability(feature)) { \
+    } else                                         \
       TDC_NOT_SUPPORTED(feature)

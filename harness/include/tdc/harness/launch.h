@@ -41,8 +41,8 @@ struct Failure {
 
 struct Outcome {
   Status status = Status::Pass;
-  std::string message;           // summary for people
-  std::vector<Failure> failures; // individual rank failures (file:line)
+  std::string message;            // summary for people
+  std::vector<Failure> failures;  // individual rank failures (file:line)
   std::vector<RankDetail> ranks;
   double duration_s = 0;
 };

@@ -35,23 +35,23 @@ RankStatus rank_status_from_string(const std::string& s);  // throws std::invali
 struct RankDetail {
   int rank = 0;
   RankStatus status = RankStatus::Unknown;
-  std::string message;       // this rank's failures / skip reason / signal
+  std::string message;  // this rank's failures / skip reason / signal
   double duration_s = 0;
   std::optional<int> exit_code;
   std::optional<int> signal;
 };
 
 struct TestResult {
-  std::string id;            // "Suite.Name"
+  std::string id;  // "Suite.Name"
   std::string suite;
   std::string name;
   Status status = Status::Pass;
   double duration_s = 0;
-  std::string message;       // empty on PASS
+  std::string message;  // empty on PASS
   int world_size = 0;
   std::string launcher;
   std::vector<RankDetail> ranks;
-  std::string expectation;   // reason from the expectations file, if one applied
+  std::string expectation;  // reason from the expectations file, if one applied
   // With --repeat N: how often each status was seen ("PASS" -> 19, "FAIL" -> 1); empty otherwise.
   std::map<std::string, int> repeat_statuses;
 };
@@ -61,13 +61,13 @@ struct RunInfo {
   std::string implementation_version;
   std::string backend = "gloo";
   std::string device = "cpu";
-  int world_size = 0;        // the largest world size used by the run's tests
+  int world_size = 0;  // the largest world size used by the run's tests
   std::string launcher = "fork";
   std::string suite_revision;
   std::string tdc_version;
   std::string libtorch_version;
   std::string host;
-  std::string started_at;    // ISO-8601 UTC
+  std::string started_at;  // ISO-8601 UTC
   double duration_s = 0;
 };
 

@@ -62,16 +62,18 @@ inline constexpr bool is_axis<Axis<T>> = true;
 
 // subtests(axes..., body): every argument but the last is an Axis.
 template <class... Args>
-concept AxesThenBody = sizeof...(Args) >= 2 &&
-                       (is_axis<std::remove_cvref_t<Args>> + ...) == sizeof...(Args) - 1 &&
+concept AxesThenBody = sizeof...(Args) >= 2 && (is_axis<std::remove_cvref_t<Args>> + ...) == sizeof...(Args) - 1 &&
                        !is_axis<std::remove_cvref_t<std::tuple_element_t<sizeof...(Args) - 1, std::tuple<Args...>>>>;
 
 // How a value appears in a subtest label (the same spelling as the string-keyed form's).
 template <SubtestValue T>
 ParamValue to_param_value(const T& v) {
-  if constexpr (std::same_as<T, bool> || std::same_as<T, std::string>) return v;
-  else if constexpr (std::integral<T>) return static_cast<int64_t>(v);
-  else return static_cast<double>(v);
+  if constexpr (std::same_as<T, bool> || std::same_as<T, std::string>)
+    return v;
+  else if constexpr (std::integral<T>)
+    return static_cast<int64_t>(v);
+  else
+    return static_cast<double>(v);
 }
 
 // One axis as the engine sees it: its name and the label spelling of each value.
@@ -89,17 +91,15 @@ AxisLabels labels_of(const Axis<T>& axis) {
 
 // The engine of both forms: checks that no axis is empty (std::invalid_argument naming it), then
 // calls body(index of each axis's value) once per combination as one named subtest.
-void run_subtests(const std::vector<AxisLabels>& axes,
-                  const std::function<void(const std::vector<size_t>&)>& body);
+void run_subtests(const std::vector<AxisLabels>& axes, const std::function<void(const std::vector<size_t>&)>& body);
 
 template <class Body, class... Ts, size_t... I>
 void run_typed(const std::tuple<const Axis<Ts>&...>& axes, Body& body, std::index_sequence<I...>) {
   static_assert(std::is_invocable_v<Body&, const Ts&...>,
                 "subtests(axes..., body): body must take one parameter per axis, in axis order, "
                 "each of (or convertible from) that axis's value type");
-  run_subtests({labels_of(std::get<I>(axes))...}, [&](const std::vector<size_t>& index) {
-    std::invoke(body, std::get<I>(axes).values[index[I]]...);
-  });
+  run_subtests({labels_of(std::get<I>(axes))...},
+               [&](const std::vector<size_t>& index) { std::invoke(body, std::get<I>(axes).values[index[I]]...); });
 }
 
 template <class... Args, size_t... I>
@@ -113,7 +113,7 @@ void split_axes_and_body(std::tuple<Args&&...> args, std::index_sequence<I...> a
 
 // Runs body(value of axis 0, value of axis 1, ...) for every combination of the axes' values.
 template <class... Args>
-  requires internal::AxesThenBody<Args...>
+requires internal::AxesThenBody<Args...>
 void subtests(Args&&... axes_then_body) {
   internal::split_axes_and_body<Args...>(std::forward_as_tuple(std::forward<Args>(axes_then_body)...),
                                          std::make_index_sequence<sizeof...(Args) - 1>{});
@@ -135,7 +135,7 @@ class Params {
     }
   }
   const ParamValue& value(const std::string& name) const;  // throws naming the missing key
-  std::string str() const;                                // "reshard=True, size=3"
+  std::string str() const;                                 // "reshard=True, size=3"
 };
 
 using Grid = std::vector<std::pair<std::string, std::vector<ParamValue>>>;

@@ -11,12 +11,11 @@ namespace tdc::harness {
 struct XmlSummary {
   std::string root;  // name of the root element
   int elements = 0;
-  std::vector<std::string> names;  // every element's name, in document order
+  std::vector<std::string> names;            // every element's name, in document order
   int count(const std::string& name) const;  // elements with that name
 };
 
 // The error ("line 3, column 7: ...") if text is not well-formed, else nullopt; fills summary.
-std::optional<std::string> xml_wellformed_error(const std::string& text,
-                                                XmlSummary* summary = nullptr);
+std::optional<std::string> xml_wellformed_error(const std::string& text, XmlSummary* summary = nullptr);
 
 }  // namespace tdc::harness

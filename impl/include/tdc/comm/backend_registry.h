@@ -31,9 +31,8 @@ class BackendRegistry {
   bool has(const std::string& name) const;
   std::vector<std::string> names() const;
   // Throws std::invalid_argument naming the unknown backend and the known ones.
-  c10::intrusive_ptr<c10d::Backend> create(const std::string& name,
-                                           const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                           int size, const GroupOptions& options) const;
+  c10::intrusive_ptr<c10d::Backend> create(const std::string& name, const c10::intrusive_ptr<c10d::Store>& store,
+                                           int rank, int size, const GroupOptions& options) const;
 
   // dlopen()s `path` and calls its tdc_register_backends. Idempotent per path. Throws
   // std::runtime_error naming the library when it cannot be opened or lacks the symbol.

@@ -49,20 +49,17 @@ class Work {
   std::function<void()> then_;
 };
 
-Work all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::SUM, const GroupPtr& group = {},
-                bool async_op = false);
+Work all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::SUM, const GroupPtr& group = {}, bool async_op = false);
 // output: size() * input.size(0) rows, same trailing shape, contiguous.
 Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const GroupPtr& group = {},
                             bool async_op = false);
 // input: size() * output.size(0) rows. ReduceOp SUM or AVG (MAX/MIN also work, emulated).
-Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input,
-                           ReduceOp op = ReduceOp::SUM, const GroupPtr& group = {},
-                           bool async_op = false);
+Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op = ReduceOp::SUM,
+                           const GroupPtr& group = {}, bool async_op = false);
 // Split sizes along dim 0; empty = even split.
-Work all_to_all_single(at::Tensor& output, const at::Tensor& input,
-                       const std::vector<int64_t>& output_split_sizes = {},
-                       const std::vector<int64_t>& input_split_sizes = {},
-                       const GroupPtr& group = {}, bool async_op = false);
+Work all_to_all_single(at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_split_sizes = {},
+                       const std::vector<int64_t>& input_split_sizes = {}, const GroupPtr& group = {},
+                       bool async_op = false);
 // src is a group rank.
 Work broadcast(at::Tensor& tensor, int src, const GroupPtr& group = {}, bool async_op = false);
 // dst/src are group ranks. No cross-rank check (point-to-point). The returned Work is pending and

@@ -11,24 +11,24 @@
 namespace tdc::comm {
 
 enum class OpKind {
-  AllReduce,            // c10d.allreduce_
-  AllGatherBase,        // c10d._allgather_base_
-  ReduceScatterBase,    // c10d._reduce_scatter_base_
-  AllToAllBase,         // c10d.alltoall_base_
-  Broadcast,            // c10d.broadcast_
-  Send,                 // c10d.send
-  Recv,                 // c10d.recv_
-  Barrier,              // c10d.barrier
-  FunctionalAllReduce,  // c10d_functional.all_reduce
-  FunctionalAllGather,  // c10d_functional.all_gather_into_tensor
+  AllReduce,                // c10d.allreduce_
+  AllGatherBase,            // c10d._allgather_base_
+  ReduceScatterBase,        // c10d._reduce_scatter_base_
+  AllToAllBase,             // c10d.alltoall_base_
+  Broadcast,                // c10d.broadcast_
+  Send,                     // c10d.send
+  Recv,                     // c10d.recv_
+  Barrier,                  // c10d.barrier
+  FunctionalAllReduce,      // c10d_functional.all_reduce
+  FunctionalAllGather,      // c10d_functional.all_gather_into_tensor
   FunctionalReduceScatter,  // c10d_functional.reduce_scatter_tensor
-  FunctionalAllToAll,   // c10d_functional.all_to_all_single
+  FunctionalAllToAll,       // c10d_functional.all_to_all_single
 };
 const char* op_name(OpKind k);
 
 class CommDebugMode {
  public:
-  CommDebugMode();   // starts counting on this thread (nests: inner and outer both count)
+  CommDebugMode();  // starts counting on this thread (nests: inner and outer both count)
   ~CommDebugMode();
   CommDebugMode(const CommDebugMode&) = delete;
   CommDebugMode& operator=(const CommDebugMode&) = delete;

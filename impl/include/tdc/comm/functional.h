@@ -16,11 +16,9 @@
 
 namespace tdc::comm::functional {
 
-at::Tensor all_gather_tensor(const at::Tensor& input, int64_t gather_dim = 0,
-                             const GroupPtr& group = {});
-at::Tensor reduce_scatter_tensor(const at::Tensor& input, ReduceOp op = ReduceOp::SUM,
-                                 int64_t scatter_dim = 0, const GroupPtr& group = {});
-at::Tensor all_reduce(const at::Tensor& input, ReduceOp op = ReduceOp::SUM,
-                      const GroupPtr& group = {});
+at::Tensor all_gather_tensor(const at::Tensor& input, int64_t gather_dim = 0, const GroupPtr& group = {});
+at::Tensor reduce_scatter_tensor(const at::Tensor& input, ReduceOp op = ReduceOp::SUM, int64_t scatter_dim = 0,
+                                 const GroupPtr& group = {});
+at::Tensor all_reduce(const at::Tensor& input, ReduceOp op = ReduceOp::SUM, const GroupPtr& group = {});
 
 }  // namespace tdc::comm::functional

@@ -15,20 +15,19 @@
 namespace tdc::comm {
 
 struct GroupOptions {
-  std::string backend = "gloo";                       // registry name
-  std::string device_type = "cpu";                    // device the group's tensors live on
+  std::string backend = "gloo";     // registry name
+  std::string device_type = "cpu";  // device the group's tensors live on
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
-  std::string name;                                   // for messages; default "world" / "group<k>"
+  std::string name;  // for messages; default "world" / "group<k>"
 };
 
 class ProcessGroup {
  public:
   // Collective: every rank in [0, size) must call it with the same store and options.
-  static std::shared_ptr<ProcessGroup> create(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                              int size, const GroupOptions& options,
-                                              std::vector<int> global_ranks = {});
+  static std::shared_ptr<ProcessGroup> create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                              const GroupOptions& options, std::vector<int> global_ranks = {});
 
-  int rank() const { return rank_; }               // rank inside this group
+  int rank() const { return rank_; }  // rank inside this group
   int size() const { return size_; }
   const std::vector<int>& global_ranks() const { return global_ranks_; }
   int global_rank(int group_rank) const { return global_ranks_.at(group_rank); }
@@ -48,8 +47,8 @@ class ProcessGroup {
   // natively (tests of the emulations; a backend whose native op misbehaves).
   void use_emulations() { native_avg_ = native_reduce_scatter_ = false; }
 
-  ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend,
-               int rank, int size, GroupOptions options, std::vector<int> global_ranks);
+  ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend, int rank, int size,
+               GroupOptions options, std::vector<int> global_ranks);
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;

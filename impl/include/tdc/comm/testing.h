@@ -18,8 +18,8 @@ namespace tdc::comm {
 using AllGatherPatch = std::function<Work(at::Tensor& output, const at::Tensor& input, const GroupPtr& group,
                                           bool async_op, const std::function<Work()>& call_original)>;
 using ReduceScatterPatch =
-    std::function<Work(at::Tensor& output, const at::Tensor& input, ReduceOp op, const GroupPtr& group,
-                       bool async_op, const std::function<Work()>& call_original)>;
+    std::function<Work(at::Tensor& output, const at::Tensor& input, ReduceOp op, const GroupPtr& group, bool async_op,
+                       const std::function<Work()>& call_original)>;
 class PatchAllGather {
  public:
   explicit PatchAllGather(AllGatherPatch fn);

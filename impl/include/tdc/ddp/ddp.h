@@ -26,7 +26,7 @@
 namespace tdc::ddp {
 
 struct DDPOptions {
-  double bucket_cap_mb = 25.0;    // the first bucket is capped at min(1 MiB, this), as PyTorch's
+  double bucket_cap_mb = 25.0;  // the first bucket is capped at min(1 MiB, this), as PyTorch's
   bool find_unused_parameters = false;
   bool broadcast_buffers = true;  // buffers broadcast from rank 0 before each forward
 };

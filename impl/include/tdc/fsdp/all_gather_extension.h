@@ -41,9 +41,8 @@ struct PostAllGatherResult {
 };
 struct AllGatherExtension {
   std::function<PreAllGatherResult(const at::Tensor& local, const DeviceMesh& mesh,
-                                   const std::vector<int64_t>& outer_size,
-                                   const std::vector<int64_t>& outer_stride, nn::Module& module,
-                                   const MixedPrecisionPolicy& mp)>
+                                   const std::vector<int64_t>& outer_size, const std::vector<int64_t>& outer_stride,
+                                   nn::Module& module, const MixedPrecisionPolicy& mp)>
       pre_all_gather;
   std::function<PreAllGatherResult(const at::Tensor& local, const DeviceMesh& mesh)> pre_all_gather_v1;
   std::function<PostAllGatherResult(const std::vector<at::Tensor>& outputs, const std::shared_ptr<void>& metadata,

@@ -168,8 +168,8 @@ class TransformerDecoder : public Module {
 // own init), deep copies, then xavier_uniform_ on every parameter with dim > 1.
 class Transformer : public Module {
  public:
-  Transformer(int64_t d_model = 512, int64_t nhead = 8, int64_t num_encoder_layers = 6,
-              int64_t num_decoder_layers = 6, int64_t dim_feedforward = 2048, double dropout = 0.1);
+  Transformer(int64_t d_model = 512, int64_t nhead = 8, int64_t num_encoder_layers = 6, int64_t num_decoder_layers = 6,
+              int64_t dim_feedforward = 2048, double dropout = 0.1);
   Tensors forward(const Tensors& inputs) override;
   ModulePtr clone_empty() const override;
   const int64_t d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward;

@@ -173,7 +173,7 @@ class Module : public torch::nn::Module {
   std::map<std::string, std::any> meta_;
   std::map<std::string, std::vector<ParamTransform>> transforms_;
   mutable std::map<std::string, at::Tensor> transformed_;  // p()'s results of the current forward
-  torch::OrderedDict<std::string, at::Tensor> bufs_;  // same tensors as LibTorch's buffers
+  torch::OrderedDict<std::string, at::Tensor> bufs_;       // same tensors as LibTorch's buffers
   std::vector<std::string> non_persistent_;
   bool checkpointed_ = false;
 };

@@ -22,9 +22,9 @@ namespace tdc::tensor {
 struct DTensorSpec {
   // Null in a default-constructed spec (an undefined DTensor); every real spec has a mesh.
   DeviceMesh mesh;
-  Placements placements;          // one per mesh dim
-  std::vector<int64_t> shape;     // global
-  std::vector<int64_t> stride;    // global, contiguous unless stated
+  Placements placements;        // one per mesh dim
+  std::vector<int64_t> shape;   // global
+  std::vector<int64_t> stride;  // global, contiguous unless stated
   at::ScalarType dtype = at::kFloat;
 
   // The local shape and the offset in the global tensor of the calling rank's shard.
@@ -38,7 +38,7 @@ class DTensor {
   DTensor() = default;
   DTensor(at::Tensor local, DTensorSpec spec);
 
-  const at::Tensor& to_local() const { return local_; }   // autograd flows through it
+  const at::Tensor& to_local() const { return local_; }  // autograd flows through it
   const DTensorSpec& spec() const { return spec_; }
   const DeviceMesh& device_mesh() const { return spec_.mesh; }
   const Placements& placements() const { return spec_.placements; }

@@ -42,8 +42,8 @@ using Placements = std::vector<Placement>;
 bool is_shard(const Placement& p, int64_t dim = -1);  // any dim when dim < 0 (StridedShard too)
 bool is_replicate(const Placement& p);
 bool is_partial(const Placement& p);
-std::string to_string(const Placement& p);            // "Shard(0)", "Replicate()", "Partial(sum)"
-std::string to_string(const Placements& ps);          // "(Shard(0), Replicate())"
+std::string to_string(const Placement& p);    // "Shard(0)", "Replicate()", "Partial(sum)"
+std::string to_string(const Placements& ps);  // "(Shard(0), Replicate())"
 
 // torch.chunk rule: the [offset, offset + size) of shard `index` of `n` along a dim of `size`.
 struct ChunkRange {

@@ -43,8 +43,8 @@
 
 namespace tdc::tp {
 
-using tensor::Placement;
 using tensor::Partial;
+using tensor::Placement;
 using tensor::Replicate;
 using tensor::Shard;
 

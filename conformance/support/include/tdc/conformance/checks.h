@@ -29,7 +29,7 @@ namespace tdc::conformance {
 inline constexpr double kFloat32Rtol = 1.3e-6, kFloat32Atol = 1e-5;
 
 [[nodiscard]] ::testing::AssertionResult all_close(const at::Tensor& actual, const at::Tensor& expected,
-                                                 double rtol = kFloat32Rtol, double atol = kFloat32Atol);
+                                                   double rtol = kFloat32Rtol, double atol = kFloat32Atol);
 
 nn::ModulePtr reference_copy(const nn::Module& model);
 

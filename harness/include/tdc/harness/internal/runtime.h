@@ -20,15 +20,13 @@ struct RunSettings {
   bool show_output = false;       // echo every rank's output even when the test passes
   std::string stacks = "signal";  // stack capture on timeout / abort: signal | gdb | both
   double stacks_timeout_s = 0;    // budget per process for capturing stacks; 0: 2 s signal, 20 s gdb
-  double stacks_budget_s() const {
-    return stacks_timeout_s > 0 ? stacks_timeout_s : stacks == "signal" ? 2.0 : 20.0;
-  }
+  double stacks_budget_s() const { return stacks_timeout_s > 0 ? stacks_timeout_s : stacks == "signal" ? 2.0 : 20.0; }
   int default_world_size = 4;
-  double abort_grace_s = 0.5;     // after a rank fails, how long the others may finish
+  double abort_grace_s = 0.5;  // after a rank fails, how long the others may finish
   std::string results_path;
   std::string junit_path;
   std::string expectations_path;
-  int events_fd = -1;             // progress stream (JSON lines) for `tdc run`
+  int events_fd = -1;  // progress stream (JSON lines) for `tdc run`
   std::string implementation = "tdc-reference";
   std::string implementation_version;
 };

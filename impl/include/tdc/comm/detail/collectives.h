@@ -13,11 +13,10 @@
 namespace tdc::comm::detail {
 
 // record_as: the CommDebugMode key to record under (nullopt: record nothing). functional.cpp uses them to count c10d_functional.* instead of c10d.*.
-Work all_reduce(at::Tensor& tensor, ReduceOp op, const GroupPtr& group, bool async_op,
-                std::optional<OpKind> record_as);
-Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const GroupPtr& group,
-                            bool async_op, std::optional<OpKind> record_as);
-Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op,
-                           const GroupPtr& group, bool async_op, std::optional<OpKind> record_as);
+Work all_reduce(at::Tensor& tensor, ReduceOp op, const GroupPtr& group, bool async_op, std::optional<OpKind> record_as);
+Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const GroupPtr& group, bool async_op,
+                            std::optional<OpKind> record_as);
+Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op, const GroupPtr& group,
+                           bool async_op, std::optional<OpKind> record_as);
 
 }  // namespace tdc::comm::detail

@@ -20,8 +20,7 @@ std::string shape_str(const std::vector<int64_t>& shape);
 
 // Checks `placements` against the mesh (one per mesh dim) and a tensor of rank `ndim`;
 // returns them with negative Shard dims normalised. `who` prefixes the error messages.
-Placements normalize_placements(const Placements& placements, const DeviceMesh& mesh, int64_t ndim,
-                                const char* who);
+Placements normalize_placements(const Placements& placements, const DeviceMesh& mesh, int64_t ndim, const char* who);
 
 // The global indices, along the placement's dim, of member `m` of `n` when a piece of
 // `parent_size` elements is split by `p` (a Shard or a StridedShard).
@@ -30,8 +29,7 @@ int64_t member_size(const Placement& p, int64_t parent_size, int64_t n, int64_t 
 
 // Local shape / offset of the rank at mesh coordinate `coord`; with `upto` only mesh dims
 // [0, upto) are applied.
-std::vector<int64_t> local_shape_at(const DTensorSpec& spec, const std::vector<int64_t>& coord,
-                                    int64_t upto = -1);
+std::vector<int64_t> local_shape_at(const DTensorSpec& spec, const std::vector<int64_t>& coord, int64_t upto = -1);
 std::vector<int64_t> local_offset_at(const DTensorSpec& spec, const std::vector<int64_t>& coord);
 
 // The placements a gradient has when the forward value had `placements`: Shard stays Shard,
