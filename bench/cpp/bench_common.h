@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -20,7 +21,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <torch/version.h>
+
 #include "tdc/harness/launch.h"
+#include "tdc/harness/results.h"
 
 namespace tdc::bench {
 
@@ -75,6 +79,52 @@ inline void write_atomic(const std::string& path, const std::string& text) {
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
     throw std::runtime_error(fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno)));
+}
+
+// A private temp dir for the case results of one run (mkdtemp), removed with the object.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& program) {
+    std::string tmpl = "/tmp/" + program + "-" + std::string(6, 'X');  // mkdtemp's pattern
+    if (!::mkdtemp(tmpl.data())) {
+      throw std::runtime_error(fmt::format("cannot create a temp dir: {}", std::strerror(errno)));
+    }
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// What every benchmark JSON records about where and when it ran.
+inline nlohmann::json run_info(const std::string& started_at, std::chrono::steady_clock::time_point start) {
+  return {
+      {"host", tdc::harness::hostname()},
+      {"cpus", static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN))},
+      {"libtorch_version", fmt::format("{}.{}.{}", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH)},
+      {"started_at", started_at},
+      {"duration_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()},
+  };
+}
+
+// Writes the result JSON (parent dirs made, atomically); false after printing why not.
+inline bool write_result(const std::string& program, const std::string& out_path, const nlohmann::json& out) {
+  try {
+    std::filesystem::path parent = std::filesystem::path(out_path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent);
+    write_atomic(out_path, out.dump(2) + "\n");
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "{}: {}\n", program, e.what());
+    return false;
+  }
+  return true;
 }
 
 struct Args {

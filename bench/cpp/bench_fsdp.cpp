@@ -157,12 +157,8 @@ int main(int argc, char** argv) {
   const std::string& out_path = args.out;
   const int repeat = args.repeat;
 
-  std::string dir_template = "/tmp/tdc-bench-fsdp-" + std::string(6, 'X');  // mkdtemp's pattern
-  if (!::mkdtemp(dir_template.data())) {
-    fmt::print(stderr, "tdc_bench_fsdp: cannot create a temp dir: {}\n", std::strerror(errno));
-    return 1;
-  }
-  const fs::path dir = dir_template;
+  const tdc::bench::TempDir tmp("tdc-bench-fsdp");
+  const fs::path& dir = tmp.path();
   const int total = static_cast<int>(std::size(kModels) * (1 + 3 * std::size(kWorldSizes)));
   int done = 0;
   auto bench_start = Clock::now();
@@ -212,8 +208,6 @@ int main(int argc, char** argv) {
     }
     if (!ok) break;
   }
-  std::error_code ec;
-  fs::remove_all(dir, ec);
   if (!ok) return 1;
 
   json out = {
@@ -226,20 +220,9 @@ int main(int argc, char** argv) {
       {"launcher", "fork"},
       {"threads_per_rank", 1},
       {"comm_argument_checks", "on (tdc's default) except in tdc_fsdp_nochecks_step_ms"},
-      {"host", tdc::harness::hostname()},
-      {"cpus", static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN))},
-      {"libtorch_version", fmt::format("{}.{}.{}", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH)},
-      {"started_at", started_at},
-      {"duration_s", std::chrono::duration<double>(Clock::now() - bench_start).count()},
   };
-  try {
-    fs::path parent = fs::path(out_path).parent_path();
-    if (!parent.empty()) fs::create_directories(parent);
-    tdc::bench::write_atomic(out_path, out.dump(2) + "\n");
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "tdc_bench_fsdp: {}\n", e.what());
-    return 1;
-  }
+  out.update(tdc::bench::run_info(started_at, bench_start));
+  if (!tdc::bench::write_result("tdc_bench_fsdp", out_path, out)) return 1;
   fmt::print(stderr, "-> {}\n", out_path);
   return 0;
 }

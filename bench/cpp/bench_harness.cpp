@@ -119,19 +119,9 @@ int main(int argc, char** argv) {
       {"world_size", kWorldSize},
       {"repeat", repeat},
       {"targets", {{"fork_ms_per_test", kTargetForkMs}, {"thread_ms_per_test", kTargetThreadMs}}},
-      {"host", tdc::harness::hostname()},
-      {"libtorch_version", fmt::format("{}.{}.{}", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH)},
-      {"started_at", started_at},
-      {"duration_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - bench_start).count()},
   };
-  try {
-    std::filesystem::path parent = std::filesystem::path(out_path).parent_path();
-    if (!parent.empty()) std::filesystem::create_directories(parent);
-    tdc::bench::write_atomic(out_path, out.dump(2) + "\n");
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "tdc_bench_harness: {}\n", e.what());
-    return 1;
-  }
+  out.update(tdc::bench::run_info(started_at, bench_start));
+  if (!tdc::bench::write_result("tdc_bench_harness", out_path, out)) return 1;
   fmt::print(stderr, "fork {:.1f} ms/test, thread {:.1f} ms/test (all_reduce median) -> {}\n",
              all_reduce_median["fork"], all_reduce_median["thread"], out_path);
   return 0;
