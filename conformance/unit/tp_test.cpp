@@ -51,8 +51,9 @@ void expect_model_matches(nn::Module& tp_model, nn::Module& ref, const std::stri
     if (grads) {
       at::Tensor g = got[i].full_grad(), rg = want[i].second.grad();
       ASSERT_EQ(g.defined(), rg.defined()) << what << " gradient of '" << got[i].fqn << "'";
-      if (g.defined())
+      if (g.defined()) {
         EXPECT_TRUE(conformance::all_close(g, rg, rtol, atol)) << what + " gradient of '" + got[i].fqn + "'";
+      }
     } else {
       EXPECT_TRUE(conformance::all_close(got[i].full(), want[i].second, rtol, atol))
           << what + " parameter '" + got[i].fqn + "'";

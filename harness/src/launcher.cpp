@@ -224,6 +224,20 @@ void store_barrier(c10d::Store& store, int world, const std::string& key) {
   store.wait({key + "/done"});
 }
 
+// [Note: the store's server leaves last] Rank 0 hosts the TCPStore. If it returned from the last
+// test and exited while another rank's final request (the end barrier's wait) was still in flight,
+// that rank would fail with "Connection closed" (seen under load). So every other rank reports
+// that it is done with the store, the last one with a key rank 0 waits for: after that no rank
+// needs the server for this test.
+void leave_store(c10d::Store& store, int rank, int world) {
+  if (world == 1) return;
+  if (rank != 0) {
+    if (store.add("tdc/end/left", 1) == world - 1) store.set("tdc/end/left/done", std::vector<uint8_t>{1});
+  } else {
+    store.wait({"tdc/end/left/done"});
+  }
+}
+
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
@@ -362,6 +376,7 @@ Outcome launch_env(const LaunchSpec& spec0, const std::function<void()>& body) {
     o.status = Status::Pass;  // rank 0 reports this rank's failures
   }
   store_barrier(*store, spec.world_size, "tdc/end");
+  leave_store(*store, rank, spec.world_size);
   if (own_dir && !internal::settings().keep_temp) remove_temp_dir(temp_dir);
   return o;
 }
