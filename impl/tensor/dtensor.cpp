@@ -83,11 +83,7 @@ int64_t shard_dim(const Placement& p) {
   return -1;
 }
 
-// Runs of global indices [start, start + len) held along one tensor dim; an empty shard keeps
-// one zero-length run to remember where it would begin.
-struct Run {
-  int64_t start, len;
-};
+using Run = IndexRun;
 std::vector<Run> select_positions(const std::vector<Run>& runs, int64_t begin, int64_t len) {
   std::vector<Run> out;
   int64_t pos = 0;
@@ -107,7 +103,8 @@ std::vector<Run> select_positions(const std::vector<Run>& runs, int64_t begin, i
 }
 }  // namespace
 
-static std::vector<std::vector<Run>> runs_at(const DTensorSpec& spec, const std::vector<int64_t>& coord, int64_t upto) {
+std::vector<std::vector<IndexRun>> local_runs_at(const DTensorSpec& spec, const std::vector<int64_t>& coord,
+                                                 int64_t upto) {
   const int64_t nd = static_cast<int64_t>(spec.shape.size());
   std::vector<std::vector<Run>> runs(nd);
   for (int64_t d = 0; d < nd; ++d) runs[d] = {{0, spec.shape[d]}};
@@ -137,7 +134,7 @@ static std::vector<std::vector<Run>> runs_at(const DTensorSpec& spec, const std:
 }
 
 std::vector<int64_t> local_shape_at(const DTensorSpec& spec, const std::vector<int64_t>& coord, int64_t upto) {
-  auto runs = runs_at(spec, coord, upto);
+  auto runs = local_runs_at(spec, coord, upto);
   std::vector<int64_t> shape;
   for (const auto& rs : runs) {
     int64_t n = 0;
@@ -148,7 +145,7 @@ std::vector<int64_t> local_shape_at(const DTensorSpec& spec, const std::vector<i
 }
 
 std::vector<int64_t> local_offset_at(const DTensorSpec& spec, const std::vector<int64_t>& coord) {
-  auto runs = runs_at(spec, coord, -1);
+  auto runs = local_runs_at(spec, coord, -1);
   std::vector<int64_t> offset;
   for (const auto& rs : runs) offset.push_back(rs.front().start);
   return offset;

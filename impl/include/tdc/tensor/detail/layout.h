@@ -32,6 +32,16 @@ int64_t member_size(const Placement& p, int64_t parent_size, int64_t n, int64_t 
 std::vector<int64_t> local_shape_at(const DTensorSpec& spec, const std::vector<int64_t>& coord, int64_t upto = -1);
 std::vector<int64_t> local_offset_at(const DTensorSpec& spec, const std::vector<int64_t>& coord);
 
+// Runs of global indices [start, start + len) that the rank at `coord` holds along each tensor
+// dim, in local order: a Shard gives one run per dim, a StridedShard may give several. An empty
+// shard keeps one zero-length run at the position where it would begin. With `upto` only mesh
+// dims [0, upto) are applied.
+struct IndexRun {
+  int64_t start, len;
+};
+std::vector<std::vector<IndexRun>> local_runs_at(const DTensorSpec& spec, const std::vector<int64_t>& coord,
+                                                 int64_t upto = -1);
+
 // The placements a gradient has when the forward value had `placements`: Shard stays Shard,
 // Replicate stays Replicate, Partial becomes Replicate (every partial's gradient is the full one).
 Placements grad_placements(const Placements& placements);

@@ -1,0 +1,3 @@
+// placeholder: being written (issue 11)
+#include <gtest/gtest.h>
+TEST(Placeholder, BeingWritten) { EXPECT_TRUE(true); }

@@ -1,0 +1,43 @@
+// PyTorch FQNs without wrapper segments (fqn.h).
+#include "fqn.h"
+
+#include <sstream>
+#include <vector>
+
+#include "tdc/ddp/ddp.h"
+
+namespace tdc::checkpoint::detail {
+
+std::string wrapper_child(const nn::Module& module) {
+  if (dynamic_cast<const ddp::DistributedDataParallel*>(&module)) return "module";
+  return "";
+}
+
+std::string clean_fqn(nn::Module& root, const std::string& fqn) {
+  std::vector<std::string> parts;
+  std::stringstream ss(fqn);
+  for (std::string part; std::getline(ss, part, '.');) parts.push_back(part);
+  std::string out;
+  nn::Module* m = &root;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const bool last = i + 1 == parts.size();
+    const bool hidden = !last && m && wrapper_child(*m) == parts[i];
+    if (!hidden) out += (out.empty() ? "" : ".") + parts[i];
+    if (!last && m) {
+      nn::Module* next = nullptr;
+      for (const auto& [name, child] : m->named_children_tdc()) {
+        if (name == parts[i]) next = child.get();
+      }
+      m = next;
+    }
+  }
+  return out;
+}
+
+std::map<const void*, std::string> param_fqns(nn::Module& root) {
+  std::map<const void*, std::string> out;
+  for (const auto& [fqn, t] : root.named_params()) out.emplace(t.unsafeGetTensorImpl(), clean_fqn(root, fqn));
+  return out;
+}
+
+}  // namespace tdc::checkpoint::detail

@@ -1,0 +1,253 @@
+// tdc::checkpoint::save (checkpoint.h): plan who writes which chunk, write the rank files into a
+// staging directory, commit atomically ([Note: atomic save], directory.h).
+//
+// [Note: the save plan]
+// Every rank describes what it holds (per key: dtype, global shape, the boxes of its local shard)
+// and all-gathers the descriptions, so every rank computes the same plan without another round:
+// each distinct box is written once, by the holder with the fewest bytes assigned so far (ties:
+// the lowest rank), keys in sorted order. Replicated tensors and HSDP's replicas are thereby
+// written once. The distinct boxes of a key must tile its global shape exactly (a Partial value,
+// or ranks that disagree about a layout, fail here, on every rank, before anything is written).
+// A rank holding k boxes of one key writes k files (a safetensors file holds one chunk per key).
+#include <fcntl.h>
+#include <unistd.h>
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <set>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "common.h"
+#include "directory.h"
+#include "safetensors.h"
+#include "tdc/checkpoint/checkpoint.h"
+#include "tdc/checkpoint/errors.h"
+
+namespace fs = std::filesystem;
+
+namespace tdc::checkpoint {
+namespace {
+
+using detail::Box;
+
+struct KeyPlan {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  // Distinct boxes (offsets, sizes) and the rank that writes each.
+  std::vector<std::pair<Box, int>> writers;
+};
+
+// This rank's description of its tensor entries, and its JSON values.
+nlohmann::json describe(const StateDict& sd) {
+  nlohmann::json tensors = nlohmann::json::object(), values = nlohmann::json::object();
+  for (const auto& [key, value] : sd) {
+    if (const auto* j = std::get_if<nlohmann::json>(&value)) {
+      values[key] = *j;
+      continue;
+    }
+    if (const auto* d = std::get_if<tensor::DTensor>(&value)) {
+      for (const auto& p : d->placements()) {
+        if (tensor::is_partial(p)) {
+          throw CheckpointError(
+              fmt::format("cannot save '{}': it is a Partial DTensor ({}); reduce it first "
+                          "(redistribute to Replicate or Shard)",
+                          key, tensor::to_string(d->placements())));
+        }
+      }
+    }
+    const at::Tensor& local = local_tensor(value);
+    nlohmann::json boxes = nlohmann::json::array();
+    for (const Box& b : detail::local_boxes(value)) boxes.push_back({b.offsets, b.sizes});
+    tensors[key] = {
+        {"dtype", detail::dtype_name(local.scalar_type())}, {"shape", detail::global_shape(value)}, {"boxes", boxes}};
+  }
+  return {{"tensors", tensors}, {"values", values}};
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+// [Note: the save plan]. Throws CheckpointError (identically on every rank).
+std::map<std::string, KeyPlan> plan(const std::vector<nlohmann::json>& ranks) {
+  std::map<std::string, KeyPlan> out;
+  std::map<std::string, int> first_holder;
+  std::map<std::string, std::map<std::pair<std::vector<int64_t>, std::vector<int64_t>>, std::vector<int>>> holders;
+  for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
+    for (const auto& [key, t] : ranks[r]["tensors"].items()) {
+      const auto dtype = t["dtype"].get<std::string>();
+      const auto shape = t["shape"].get<std::vector<int64_t>>();
+      auto [it, fresh] = out.try_emplace(key, KeyPlan{dtype, shape, {}});
+      if (fresh) first_holder[key] = r;
+      if (it->second.dtype != dtype || it->second.shape != shape) {
+        throw CheckpointError(fmt::format("cannot save '{}': rank {} has it as {} {}, rank {} as {} {}", key,
+                                          first_holder[key], it->second.dtype, detail::shape_str(it->second.shape), r,
+                                          dtype, detail::shape_str(shape)));
+      }
+      for (const auto& b : t["boxes"]) {
+        holders[key][{b[0].get<std::vector<int64_t>>(), b[1].get<std::vector<int64_t>>()}].push_back(r);
+      }
+    }
+  }
+  std::vector<int64_t> bytes(ranks.size(), 0);
+  for (auto& [key, kp] : out) {
+    const int64_t item = detail::itemsize(detail::dtype_from_name(kp.dtype, key));
+    const int64_t total = numel_of(kp.shape);
+    int64_t covered = 0;
+    std::vector<Box> distinct;
+    for (const auto& [box, who] : holders[key]) {
+      Box b{box.first, box.second, {}};
+      if (b.numel() == 0 && total > 0) continue;
+      for (const Box& other : distinct) {
+        if (detail::intersect(b.offsets, b.sizes, other.offsets, other.sizes) && total > 0) {
+          throw CheckpointError(fmt::format(
+              "cannot save '{}': the ranks' shards overlap (box at {} size {} and box at {} size {}); ranks must hold "
+              "disjoint shards or identical replicas",
+              key, detail::shape_str(b.offsets), detail::shape_str(b.sizes), detail::shape_str(other.offsets),
+              detail::shape_str(other.sizes)));
+        }
+      }
+      int writer = who.front();
+      for (int r : who) {
+        if (bytes[r] < bytes[writer]) writer = r;
+      }
+      bytes[writer] += b.numel() * item;
+      covered += b.numel();
+      distinct.push_back(b);
+      kp.writers.emplace_back(b, writer);
+      if (total == 0) break;  // one empty chunk records the key
+    }
+    if (covered != total) {
+      throw CheckpointError(fmt::format("cannot save '{}' of shape {}: the ranks' shards cover {} of its {} elements",
+                                        key, detail::shape_str(kp.shape), covered, total));
+    }
+  }
+  return out;
+}
+
+// The files each rank writes: rank -> file index -> (key, box).
+using FilePlan = std::map<int, std::vector<std::vector<std::pair<std::string, Box>>>>;
+FilePlan files_of(const std::map<std::string, KeyPlan>& plans) {
+  FilePlan out;
+  for (const auto& [key, kp] : plans) {
+    std::map<int, int> per_rank;
+    for (const auto& [box, writer] : kp.writers) {
+      auto& files = out[writer];
+      const int index = per_rank[writer]++;
+      if (static_cast<int>(files.size()) <= index) files.resize(index + 1);
+      files[index].emplace_back(key, box);
+    }
+  }
+  return out;
+}
+
+// The chunk of `value` in global box `box` as a contiguous CPU tensor.
+at::Tensor chunk_of(const Value& value, const Box& box) {
+  const at::Tensor& local = local_tensor(value);
+  at::Tensor t = local.detach();
+  for (const Box& mine : detail::local_boxes(value)) {
+    if (mine.offsets == box.offsets && mine.sizes == box.sizes) {
+      for (size_t d = 0; d < box.sizes.size(); ++d) {
+        t = t.narrow(static_cast<int64_t>(d), mine.local_offsets[d], mine.sizes[d]);
+      }
+      return t.cpu().contiguous();
+    }
+  }
+  if (box.sizes.empty() || local.numel() == 0) return t.cpu().contiguous();
+  throw std::logic_error("tdc::checkpoint::save: a planned box is not one of this rank's boxes");
+}
+
+std::string random_id(const comm::GroupPtr& group) {
+  std::random_device rd;
+  const std::string mine = fmt::format("{:08x}{:08x}", rd(), rd());
+  return detail::all_gather_strings(mine, group).front();
+}
+
+}  // namespace
+
+void save(const StateDict& state_dict, const std::string& dir, const SaveOptions& options) {
+  const comm::GroupPtr group = detail::resolve_group(options.group);
+  const int rank = detail::group_rank(group), world = detail::group_size(group);
+
+  // 1. Describe, exchange, plan.
+  std::optional<std::string> error;
+  nlohmann::json mine;
+  try {
+    mine = describe(state_dict);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  detail::agree("checkpoint save", error, "", group);
+  std::vector<nlohmann::json> all;
+  for (const auto& s : detail::all_gather_strings(mine.dump(), group)) all.push_back(nlohmann::json::parse(s));
+  const auto plans = plan(all);
+  const FilePlan files = files_of(plans);
+
+  // 2. Rank 0 checks DIR and creates the staging directory.
+  const std::string id = random_id(group);
+  std::string staging;
+  try {
+    if (rank == 0) staging = detail::prepare_save(dir, id, options.replace_existing);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  detail::agree("checkpoint save", error, "", group);
+  staging = detail::all_gather_strings(staging, group).front();
+
+  // 3. Every rank writes its files.
+  auto cleanup_and_throw = [&](const std::string& what) {
+    try {
+      detail::agree("checkpoint save", error, "", group);
+    } catch (...) {
+      if (rank == 0) detail::remove_tree(staging);
+      throw;
+    }
+    (void)what;
+  };
+  try {
+    if (auto it = files.find(rank); it != files.end()) {
+      const int count = static_cast<int>(it->second.size());
+      for (int index = 0; index < count; ++index) {
+        std::vector<detail::WriteItem> items;
+        for (const auto& [key, box] : it->second[index]) {
+          items.push_back({key, chunk_of(state_dict.at(key), box), box.offsets, plans.at(key).shape});
+        }
+        detail::write_file((fs::path(staging) / detail::shard_file_name(rank, index, count)).string(), items);
+      }
+    }
+    detail::crash_point("rank-files-written");
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  cleanup_and_throw("write");
+
+  // 4. Rank 0: manifest, swap.
+  try {
+    if (rank == 0) {
+      detail::Manifest m;
+      m.world_size = world;
+      for (const auto& [r, rank_files] : files) {
+        for (int index = 0; index < static_cast<int>(rank_files.size()); ++index) {
+          const std::string name = detail::shard_file_name(r, index, static_cast<int>(rank_files.size()));
+          m.files[name] = fs::file_size(fs::path(staging) / name);
+        }
+      }
+      for (const auto& [key, kp] : plans) m.tensors[key] = {kp.dtype, kp.shape};
+      for (auto it = all.rbegin(); it != all.rend(); ++it) {  // the lowest rank's value wins
+        for (const auto& [key, v] : (*it)["values"].items()) m.values[key] = v;
+      }
+      detail::finish_save(dir, staging, id, m);
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  cleanup_and_throw("commit");
+}
+
+}  // namespace tdc::checkpoint

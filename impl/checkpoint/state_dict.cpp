@@ -1,0 +1,172 @@
+// StateDict and the model state dict (state_dict.h).
+#include "tdc/checkpoint/state_dict.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include "assign.h"
+#include "common.h"
+#include "fqn.h"
+#include "tdc/checkpoint/errors.h"
+#include "tdc/tensor/module_params.h"
+
+namespace tdc::checkpoint {
+
+// ------------------------------------------------------------------ StateDict
+
+bool StateDict::contains(const std::string& key) const {
+  return std::any_of(entries_.begin(), entries_.end(), [&](const Entry& e) { return e.first == key; });
+}
+
+Value& StateDict::at(const std::string& key) {
+  for (auto& e : entries_) {
+    if (e.first == key) return e.second;
+  }
+  throw std::out_of_range(fmt::format("state dict has no key '{}' ({} keys)", key, entries_.size()));
+}
+
+const Value& StateDict::at(const std::string& key) const { return const_cast<StateDict*>(this)->at(key); }
+
+void StateDict::set(const std::string& key, Value value) {
+  for (auto& e : entries_) {
+    if (e.first == key) {
+      e.second = std::move(value);
+      return;
+    }
+  }
+  entries_.emplace_back(key, std::move(value));
+}
+
+bool StateDict::erase(const std::string& key) {
+  auto it = std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) { return e.first == key; });
+  if (it == entries_.end()) return false;
+  entries_.erase(it);
+  return true;
+}
+
+std::vector<std::string> StateDict::keys() const {
+  std::vector<std::string> out;
+  for (const auto& e : entries_) out.push_back(e.first);
+  return out;
+}
+
+StateDict StateDict::with_prefix(const std::string& prefix) const {
+  StateDict out;
+  for (const auto& [k, v] : entries_) out.entries_.emplace_back(prefix + "." + k, v);
+  return out;
+}
+
+StateDict StateDict::sub(const std::string& prefix) const {
+  StateDict out;
+  const std::string p = prefix + ".";
+  for (const auto& [k, v] : entries_) {
+    if (k.starts_with(p)) out.entries_.emplace_back(k.substr(p.size()), v);
+  }
+  return out;
+}
+
+void StateDict::merge(const StateDict& other) {
+  for (const auto& [k, v] : other.entries_) {
+    if (contains(k)) throw std::invalid_argument(fmt::format("StateDict::merge: key '{}' is in both dicts", k));
+  }
+  for (const auto& e : other.entries_) entries_.push_back(e);
+}
+
+const at::Tensor& as_tensor(const StateDict& sd, const std::string& key) {
+  const Value& v = sd.at(key);
+  if (const auto* t = std::get_if<at::Tensor>(&v)) return *t;
+  throw std::invalid_argument(fmt::format("state dict key '{}' holds a {}, not a tensor", key, detail::kind_name(v)));
+}
+
+const tensor::DTensor& as_dtensor(const StateDict& sd, const std::string& key) {
+  const Value& v = sd.at(key);
+  if (const auto* d = std::get_if<tensor::DTensor>(&v)) return *d;
+  throw std::invalid_argument(fmt::format("state dict key '{}' holds a {}, not a DTensor", key, detail::kind_name(v)));
+}
+
+const at::Tensor& local_tensor(const Value& value) {
+  if (const auto* d = std::get_if<tensor::DTensor>(&value)) return d->to_local();
+  if (const auto* t = std::get_if<at::Tensor>(&value)) return *t;
+  throw std::invalid_argument("tdc::checkpoint: a JSON value has no tensor");
+}
+
+// ------------------------------------------------------------------ model state dict
+
+namespace detail {
+
+Value full_value(const Value& v, const StateDictOptions& options) {
+  at::Tensor full;
+  if (const auto* d = std::get_if<tensor::DTensor>(&v)) {
+    full = tensor::DTensor(d->to_local().detach(), d->spec()).full_tensor();
+  } else {
+    full = std::get<at::Tensor>(v).detach();
+  }
+  if (options.cpu_offload) full = full.cpu();
+  return full;
+}
+
+StateDict to_full(const StateDict& sharded, const StateDictOptions& options) {
+  StateDict out;
+  for (const auto& [k, v] : sharded) {
+    out.set(k, std::holds_alternative<nlohmann::json>(v) ? v : full_value(v, options));
+  }
+  // With cpu_offload only rank 0 keeps the full dict (every rank took part in the gathers).
+  if (options.cpu_offload && group_rank(resolve_group(nullptr)) != 0) return {};
+  return out;
+}
+
+}  // namespace detail
+
+namespace {
+
+StateDict model_entries(nn::Module& model, bool pytorch_fqns, bool ignore_frozen) {
+  StateDict out;
+  for (const auto& p : tensor::named_params_with_specs(model)) {
+    if (ignore_frozen && !p.tensor.requires_grad()) continue;
+    const std::string key = pytorch_fqns ? detail::clean_fqn(model, p.fqn) : p.fqn;
+    if (p.dtensor) {
+      out.set(key, tensor::DTensor(p.tensor.detach(), p.dtensor->spec()));
+    } else {
+      out.set(key, p.tensor.detach());
+    }
+  }
+  for (const auto& [fqn, buf] : model.named_bufs()) {
+    auto [owner, name] = model.owner_of(fqn);
+    if (!owner->is_persistent_buf(name)) continue;
+    out.set(pytorch_fqns ? detail::clean_fqn(model, fqn) : fqn, buf.detach());
+  }
+  return out;
+}
+
+}  // namespace
+
+StateDict module_state_dict(nn::Module& model) { return model_entries(model, false, false); }
+
+StateDict get_model_state_dict(nn::Module& model, const StateDictOptions& options) {
+  StateDict sharded = model_entries(model, true, options.ignore_frozen_params);
+  return options.full_state_dict ? detail::to_full(sharded, options) : sharded;
+}
+
+void set_model_state_dict(nn::Module& model, const StateDict& state_dict, const StateDictOptions& options) {
+  StateDict targets = model_entries(model, true, options.ignore_frozen_params);
+  detail::commit(detail::stage("set_model_state_dict", targets, state_dict, options));
+}
+
+std::pair<StateDict, StateDict> get_state_dict(nn::Module& model, torch::optim::Optimizer& optim,
+                                               const StateDictOptions& options) {
+  return {get_model_state_dict(model, options), get_optimizer_state_dict(model, optim, options)};
+}
+
+void set_state_dict(nn::Module& model, torch::optim::Optimizer& optim, const StateDict& model_state_dict,
+                    const StateDict& optim_state_dict, const StateDictOptions& options) {
+  auto model_assignments = detail::stage("set_state_dict", model_entries(model, true, options.ignore_frozen_params),
+                                         model_state_dict, options);
+  auto commit_optim = detail::stage_optimizer(model, optim, optim_state_dict, options);
+  detail::commit(model_assignments);
+  commit_optim();
+}
+
+}  // namespace tdc::checkpoint

@@ -1,0 +1,120 @@
+// State dicts (torch.distributed.checkpoint.state_dict): a model's or an optimizer's state keyed by
+// PyTorch's FQNs, whatever parallelism the model runs under (plain, DDP, TP, FSDP2 1-D / HSDP,
+// TP x FSDP2), in the sharded form (DTensor entries: local shard + mesh + placements) or the full
+// form (plain tensors), and back.
+//
+// A StateDict is flat and ordered; nested dicts use dotted keys, as DCP flattens them:
+//   model:      "layers.0.weight" -> DTensor or tensor, persistent buffers included;
+//   optimizer:  "state.layers.0.weight.exp_avg" -> DTensor or tensor (laid out as the parameter),
+//               "state.layers.0.weight.step"    -> 0-dim float32 tensor (PyTorch's form),
+//               "param_groups"                  -> JSON: [{"lr": ..., ..., "params": [FQNs]}].
+// Copying a StateDict copies tensor handles, not data: a loaded entry writes into the tensor the
+// model or optimizer holds.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+#include "tdc/nn/module.h"
+#include "tdc/tensor/dtensor.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace tdc::checkpoint {
+
+using Value = std::variant<at::Tensor, tensor::DTensor, nlohmann::json>;
+
+class StateDict {
+ public:
+  using Entry = std::pair<std::string, Value>;
+  StateDict() = default;
+
+  bool empty() const { return entries_.empty(); }
+  size_t size() const { return entries_.size(); }
+  bool contains(const std::string& key) const;
+  // Throws std::out_of_range naming the key.
+  Value& at(const std::string& key);
+  const Value& at(const std::string& key) const;
+  // Inserts at the end, or replaces the value of an existing key in place.
+  void set(const std::string& key, Value value);
+  bool erase(const std::string& key);
+  std::vector<std::string> keys() const;
+
+  // Nesting as DCP flattens it: with_prefix("model") has "model.<key>" for every key; sub("model")
+  // is the reverse (the entries under "model.", prefix removed). Tensor handles are shared.
+  StateDict with_prefix(const std::string& prefix) const;
+  StateDict sub(const std::string& prefix) const;
+  // Adds every entry of `other` (keys must not exist yet: std::invalid_argument naming one).
+  void merge(const StateDict& other);
+
+  auto begin() { return entries_.begin(); }
+  auto end() { return entries_.end(); }
+  auto begin() const { return entries_.begin(); }
+  auto end() const { return entries_.end(); }
+
+ private:
+  std::vector<Entry> entries_;
+};
+
+// Convenience accessors (std::invalid_argument naming the key and the kind it holds).
+const at::Tensor& as_tensor(const StateDict& sd, const std::string& key);
+const tensor::DTensor& as_dtensor(const StateDict& sd, const std::string& key);
+// The entry's local tensor (a DTensor's local shard, or the tensor).
+const at::Tensor& local_tensor(const Value& value);
+
+struct StateDictOptions {
+  // get: gather every sharded entry into a full tensor. set: the given dict holds full tensors
+  // (on every rank, or on rank 0 only with broadcast_from_rank0).
+  bool full_state_dict = false;
+  // With full_state_dict: full tensors on the CPU, and only rank 0 gets them (other ranks get an
+  // empty dict), as PyTorch.
+  bool cpu_offload = false;
+  // get: leave out parameters with requires_grad == false (and their optimizer state).
+  bool ignore_frozen_params = false;
+  // set: every key of the model must be in the dict and every key of the dict in the model;
+  // otherwise CheckpointError naming every missing and every unexpected key.
+  bool strict = true;
+  // set with full_state_dict: only rank 0's dict has values; rank 0 broadcasts each tensor and
+  // every rank keeps its shard. Other ranks may pass an empty dict.
+  bool broadcast_from_rank0 = false;
+};
+
+// nn.Module.state_dict(): the model's parameters (DTensor where TP/FSDP sharded them) and
+// persistent buffers, keyed by the module's own FQNs (wrapper segments such as DDP's "module."
+// included, as PyTorch's module.state_dict()).
+StateDict module_state_dict(nn::Module& model);
+
+// get_model_state_dict / set_model_state_dict. FQNs are PyTorch's: wrapper segments (DDP's
+// "module.") dropped. set_* checks everything first (keys with strict, then per key the kind,
+// dtype, global shape and placements, naming the key and both values) and changes nothing when it
+// throws; then copies the values into the model's tensors in place (the optimizer keeps its
+// references). A sharded entry may have other placements or another mesh than the model's
+// parameter: it is redistributed (same mesh) or must be full.
+StateDict get_model_state_dict(nn::Module& model, const StateDictOptions& options = {});
+void set_model_state_dict(nn::Module& model, const StateDict& state_dict, const StateDictOptions& options = {});
+
+// get_optimizer_state_dict / set_optimizer_state_dict for LibTorch's Adam, AdamW and SGD (other
+// optimizers: std::invalid_argument naming the type). The optimizer's parameters must be
+// parameters of `model` (the FQNs come from there). get initialises empty optimizer state the way
+// PyTorch does (zero gradients, one step with lr 0) so that every key exists. set restores
+// per-parameter state (step included) and the param_groups' hyperparameters.
+StateDict get_optimizer_state_dict(nn::Module& model, torch::optim::Optimizer& optim,
+                                   const StateDictOptions& options = {});
+void set_optimizer_state_dict(nn::Module& model, torch::optim::Optimizer& optim, const StateDict& state_dict,
+                              const StateDictOptions& options = {});
+
+// get_state_dict / set_state_dict: both at once.
+std::pair<StateDict, StateDict> get_state_dict(nn::Module& model, torch::optim::Optimizer& optim,
+                                               const StateDictOptions& options = {});
+void set_state_dict(nn::Module& model, torch::optim::Optimizer& optim, const StateDict& model_state_dict,
+                    const StateDict& optim_state_dict, const StateDictOptions& options = {});
+
+}  // namespace tdc::checkpoint
