@@ -11,7 +11,7 @@ namespace {
 const bool declared = [] {
   harness::declare_capabilities(
       "tdc", {"comm", "device_mesh", "dtensor", "tp", "ddp", "ddp.tp_pre_transform", "fsdp2", "fsdp2.cpu_offload",
-              "fsdp2.mixed_precision", "fsdp2.hsdp", "fsdp2.all_gather_extensions"});
+              "fsdp2.mixed_precision", "fsdp2.hsdp", "fsdp2.all_gather_extensions", "checkpoint"});
   return true;
 }();
 
