@@ -1,3 +1,327 @@
-// placeholder: being written (issue 11)
+// Fuzzing tdc::checkpoint::load: valid checkpoints (two ranks' files: sharded and replicated
+// tensors, F32 / BF16 / I64, a 0-dim step, an empty shard; and the manifest) are mutated — bit
+// flips anywhere, truncations, inserted and deleted bytes, edits of the JSON header (dtypes,
+// shapes, data_offsets, saved_offsets, keys, metadata) with its length kept consistent — and
+// loaded. Every case must end in a CheckpointError that names the checkpoint, or in a load whose
+// values are exactly the saved ones (a mutation that changed nothing that matters); never a crash,
+// a hang, another exception, or a wrong value. The case count and the outcome split are printed.
+// A failing case prints its index and mutation: rerun with TDC_FUZZ_CASE=<index> to replay it.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
-TEST(Placeholder, BeingWritten) { EXPECT_TRUE(true); }
+#include <nlohmann/json.hpp>
+
+#include "tdc/checkpoint/checkpoint.h"
+#include "tdc/checkpoint/errors.h"
+#include "tdc/comm/collectives.h"
+#include "tdc/conformance/support.h"
+#include "tdc/device_mesh.h"
+#include "tdc/harness/harness.h"
+#include "tdc/tensor/dtensor.h"
+
+namespace {
+
+using namespace tdc;
+using checkpoint::StateDict;
+using harness::ctx;
+namespace fs = std::filesystem;
+
+constexpr int kCases = 2400;
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+void write_bytes(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary | std::ios::trunc) << s; }
+
+// The state saved by the two ranks: sharded rows (uneven over 2), a replicated BF16 tensor, an
+// I64 tensor, a 0-dim step, a tensor whose shard on rank 1 is empty, and a JSON value.
+StateDict saved_state(const DeviceMesh& mesh) {
+  StateDict sd;
+  sd.set("w", tensor::distribute_tensor(at::arange(5 * 3, at::kFloat).reshape({5, 3}), mesh, {tensor::Shard{0}}));
+  sd.set("cols",
+         tensor::distribute_tensor(at::arange(4 * 5, at::kFloat).reshape({4, 5}) / 7, mesh, {tensor::Shard{1}}));
+  sd.set("tiny", tensor::distribute_tensor(at::ones({1, 2}), mesh, {tensor::Shard{0}}));
+  sd.set("scale", at::tensor({1.5, -2.0}).to(at::kBFloat16));
+  sd.set("ids", at::arange(7, at::kLong) * 1000003);
+  sd.set("step", at::scalar_tensor(3.0, at::kFloat));
+  sd.set("extra", nlohmann::json{{"epoch", 3}});
+  return sd;
+}
+
+// What rank 0 loads into: plain full tensors (a world-1 reshard of everything), zeros.
+StateDict fresh_target() {
+  StateDict sd;
+  sd.set("w", at::zeros({5, 3}));
+  sd.set("cols", at::zeros({4, 5}));
+  sd.set("tiny", at::zeros({1, 2}));
+  sd.set("scale", at::zeros({2}, at::kBFloat16));
+  sd.set("ids", at::zeros({7}, at::kLong));
+  sd.set("step", at::scalar_tensor(0.0, at::kFloat));
+  return sd;
+}
+
+StateDict expected_target() {
+  StateDict sd;
+  sd.set("w", at::arange(5 * 3, at::kFloat).reshape({5, 3}));
+  sd.set("cols", at::arange(4 * 5, at::kFloat).reshape({4, 5}) / 7);
+  sd.set("tiny", at::ones({1, 2}));
+  sd.set("scale", at::tensor({1.5, -2.0}).to(at::kBFloat16));
+  sd.set("ids", at::arange(7, at::kLong) * 1000003);
+  sd.set("step", at::scalar_tensor(3.0, at::kFloat));
+  return sd;
+}
+
+// ------------------------------------------------------------------ mutations
+
+struct Mutator {
+  std::mt19937_64 rng;
+  size_t below(size_t n) { return n == 0 ? 0 : std::uniform_int_distribution<size_t>(0, n - 1)(rng); }
+
+  // A value that is wrong in an interesting way for a JSON number or string.
+  nlohmann::ordered_json odd_value() {
+    switch (below(10)) {
+      case 0:
+        return -1;
+      case 1:
+        return 1.5;
+      case 2:
+        return "12";
+      case 3:
+        return nlohmann::ordered_json::array();
+      case 4:
+        return int64_t{1} << 62;
+      case 5:
+        return 0;
+      case 6:
+        return uint64_t{18446744073709551615ull};
+      case 7:
+        return nullptr;
+      case 8:
+        return nlohmann::ordered_json::object();
+      default:
+        return static_cast<int64_t>(below(100));
+    }
+  }
+
+  // Edits one thing in a header and re-serialises it with a consistent length prefix.
+  std::string edit_header(const std::string& file, std::string& what) {
+    uint64_t n = 0;
+    std::memcpy(&n, file.data(), 8);
+    nlohmann::ordered_json h = nlohmann::ordered_json::parse(file.substr(8, n));
+    std::vector<std::string> keys;
+    for (auto& [k, v] : h.items()) {
+      if (k != "__metadata__") keys.push_back(k);
+    }
+    const std::string key = keys.empty() ? "" : keys[below(keys.size())];
+    std::string extra_text;
+    switch (below(12)) {
+      case 0:
+        what = "dtype of " + key;
+        h[key]["dtype"] =
+            std::vector<std::string>{"F16", "BF16", "I64", "F64", "U8", "BOOL", "X9", "f32", ""}[below(9)];
+        break;
+      case 1:
+        what = "a shape entry of " + key;
+        if (!h[key]["shape"].empty())
+          h[key]["shape"][below(h[key]["shape"].size())] = odd_value();
+        else
+          h[key]["shape"].push_back(odd_value());
+        break;
+      case 2:
+        what = "data_offsets of " + key;
+        h[key]["data_offsets"][below(2)] = odd_value();
+        break;
+      case 3:
+        what = "key " + key + " removed";
+        h.erase(key);
+        break;
+      case 4: {
+        what = "key " + key + " renamed";
+        auto v = h[key];
+        h.erase(key);
+        h[key + "x"] = v;
+        break;
+      }
+      case 5: {
+        what = "DCP_SHARDING_INFO edited";
+        auto info = nlohmann::ordered_json::parse(h["__metadata__"]["DCP_SHARDING_INFO"].get<std::string>());
+        auto& entry = info[key];
+        const char* field = std::vector<const char*>{"saved_offsets", "global_shape", "checksum"}[below(3)];
+        if (entry.contains(field) && entry[field].is_array() && !entry[field].empty()) {
+          entry[field][below(entry[field].size())] = odd_value();
+        } else {
+          entry[field] = odd_value();
+        }
+        h["__metadata__"]["DCP_SHARDING_INFO"] = info.dump();
+        break;
+      }
+      case 6:
+        what = "DCP_SHARDING_INFO as an object";
+        h["__metadata__"]["DCP_SHARDING_INFO"] =
+            nlohmann::ordered_json::parse(h["__metadata__"]["DCP_SHARDING_INFO"].get<std::string>());
+        break;
+      case 7:
+        what = "__metadata__ removed";
+        h.erase("__metadata__");
+        break;
+      case 8:
+        what = "duplicate key " + key;
+        extra_text = key;
+        break;
+      case 9:
+        what = "the shape and data_offsets of " + key + " swapped with another key's";
+        if (keys.size() > 1) std::swap(h[keys[0]]["data_offsets"], h[keys[1]]["data_offsets"]);
+        break;
+      case 10:
+        what = "a field added to " + key;
+        h[key]["global_shape"] = odd_value();
+        break;
+      default:
+        what = "an extra tensor entry";
+        h["ghost"] = {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {0, 4}}};
+        break;
+    }
+    std::string text = h.dump();
+    if (!extra_text.empty() && !keys.empty()) {
+      // Inject a second copy of the key's entry right after the opening brace.
+      text = "{\"" + extra_text + "\":" + h[extra_text].dump() + "," + text.substr(1);
+    }
+    const uint64_t len = text.size();
+    std::string out(8, '\0');
+    std::memcpy(out.data(), &len, 8);
+    return out + text + file.substr(8 + n);
+  }
+
+  std::string mutate(const std::string& file, std::string& what) {
+    std::string out = file;
+    switch (below(6)) {
+      case 0:
+      case 1: {  // bit flips: anywhere (the length prefix, the header, the data)
+        const size_t flips = 1 + below(3);
+        what = fmt::format("{} bit flip(s) at", flips);
+        for (size_t i = 0; i < flips; ++i) {
+          const size_t at = below(2) ? below(out.size()) : below(std::min<size_t>(out.size(), 16));
+          out[at] = static_cast<char>(out[at] ^ (1 << below(8)));
+          what += fmt::format(" {}", at);
+        }
+        return out;
+      }
+      case 2: {
+        const size_t len = below(out.size());
+        what = fmt::format("truncated to {} of {} bytes", len, out.size());
+        return out.substr(0, len);
+      }
+      case 3: {
+        const size_t at = below(out.size() + 1), count = 1 + below(9);
+        what = fmt::format("{} byte(s) inserted at {}", count, at);
+        std::string junk(count, '\0');
+        for (auto& c : junk) c = static_cast<char>(below(256));
+        return out.insert(at, junk);
+      }
+      case 4: {
+        const size_t at = below(out.size()), count = 1 + below(9);
+        what = fmt::format("{} byte(s) deleted at {}", count, at);
+        return out.erase(at, count);
+      }
+      default:
+        return edit_header(file, what);
+    }
+  }
+};
+
+std::string mutate_manifest(Mutator& m, const std::string& text, std::string& what) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(text);
+  switch (m.below(5)) {
+    case 0: {
+      what = "manifest: a file size";
+      auto& files = j["files"];
+      auto it = files.begin();
+      std::advance(it, m.below(files.size()));
+      *it = m.odd_value();
+      break;
+    }
+    case 1:
+      what = "manifest: a tensor shape";
+      j["tensors"]["w"]["shape"] = nlohmann::ordered_json::array({m.below(9), 3});
+      break;
+    case 2:
+      what = "manifest: version";
+      j["version"] = m.odd_value();
+      break;
+    case 3:
+      what = "manifest: a file name";
+      j["files"]["../escape.safetensors"] = 10;
+      break;
+    default:
+      what = "manifest: truncated";
+      return text.substr(0, m.below(text.size()));
+  }
+  return j.dump();
+}
+
+// ------------------------------------------------------------------ the test
+
+TDC_DIST_TEST(CheckpointFuzzTest, MutatedCheckpointsLoadCorrectlyOrFailCleanly, .world_size = 2, .timeout_s = 600) {
+  conformance::world();
+  DeviceMesh mesh = init_device_mesh("cpu", {2});
+  const fs::path valid = ctx().temp_dir / "valid";
+  checkpoint::save(saved_state(mesh), valid.string());
+  comm::barrier();
+  if (ctx().rank == 0) {
+    auto self = comm::new_group({0});
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(valid)) files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    ASSERT_EQ(files.size(), 3u) << "two rank files and the manifest";
+    const StateDict expected = expected_target();
+    {
+      StateDict sd = fresh_target();
+      checkpoint::load(sd, valid.string(), {.group = self});  // the unmutated checkpoint loads
+    }
+    int errors = 0, loads = 0, first = 0, last = kCases;
+    if (const char* one = std::getenv("TDC_FUZZ_CASE")) first = std::atoi(one), last = first + 1;
+    for (int c = first; c < last; ++c) {
+      Mutator m{std::mt19937_64(0x7dc0000 + c)};
+      const fs::path dir = ctx().temp_dir / "case";
+      fs::remove_all(dir);
+      fs::copy(valid, dir);
+      const fs::path victim = dir / files[m.below(files.size())].filename();
+      std::string what;
+      const bool manifest = victim.extension() == ".json";
+      const std::string bytes = read_bytes(victim);
+      write_bytes(victim, manifest ? mutate_manifest(m, bytes, what) : m.mutate(bytes, what));
+      const std::string label = fmt::format("case {} ({}: {})", c, victim.filename().string(), what);
+      StateDict sd = fresh_target();
+      try {
+        checkpoint::load(sd, dir.string(), {.group = self});
+      } catch (const checkpoint::CheckpointError& e) {
+        ++errors;
+        ASSERT_NE(std::string(e.what()).find(dir.string()), std::string::npos)
+            << label << ": the error does not name the checkpoint: " << e.what();
+        continue;
+      } catch (const std::exception& e) {
+        FAIL() << label << ": not a CheckpointError: " << e.what();
+      }
+      ++loads;
+      for (const auto& key : expected.keys()) {
+        ASSERT_TRUE(at::equal(checkpoint::as_tensor(sd, key), checkpoint::as_tensor(expected, key)))
+            << label << ": loaded without an error but '" << key << "' is wrong";
+      }
+    }
+    fmt::print("checkpoint fuzz: {} cases: {} refused with a CheckpointError, {} loaded exactly\n", last - first,
+               errors, loads);
+    EXPECT_GT(errors, (last - first) / 2) << "most mutations must be caught";
+  }
+  comm::barrier();
+}
+
+}  // namespace
