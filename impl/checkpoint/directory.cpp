@@ -202,6 +202,9 @@ std::string prepare_save(const std::string& dir, const std::string& id, bool rep
                       dir, old.front(), dir));
     }
   }
+  fs::create_directories(parent_of(dir), ec);  // like DCP, a save creates the path to DIR
+  if (ec)
+    throw CheckpointError(fmt::format("cannot create '{}' for checkpoint '{}': {}", parent_of(dir), dir, ec.message()));
   const std::string staging = sibling(dir, "staging", id);
   if (::mkdir(staging.c_str(), 0755) != 0) throw CheckpointError(sys_error("cannot create staging directory", staging));
   write_file_synced((fs::path(staging) / kInProgressName).string(), "tdc save in progress\n");
