@@ -1,0 +1,846 @@
+// Unit tests of the safetensors format layer of tdc::checkpoint (impl/checkpoint/safetensors.h):
+// write_file/read_header/read_rows round trips for every dtype, headers PyTorch 2.13 wrote
+// (../shared/design/dcp-hf-format.md, "Real headers"), every malformed file read_header must
+// reject with a message naming the file and the key/value, and the venv's `safetensors` package
+// reading what write_file writes (and the other way round). Single-process: plain TESTs.
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <nlohmann/json.hpp>
+
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "../../impl/checkpoint/safetensors.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using namespace tdc::checkpoint;
+using namespace tdc::checkpoint::detail;
+
+// ------------------------------------------------------------------ helpers
+
+// A fresh directory per test, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/tdc_checkpoint_format_XXXXXX";
+    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed: " + std::string(std::strerror(errno)));
+    path_ = tmpl;
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::string le64(uint64_t n) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return s;
+}
+
+// [u64 N][header, space-padded so that 8 + N is a multiple of 8 when `pad`][data]
+std::string st_bytes(std::string header, const std::string& data, bool pad = true) {
+  if (pad) header.append((8 - header.size() % 8) % 8, ' ');
+  return le64(header.size()) + header + data;
+}
+
+void write_raw(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(f.good()) << path;
+}
+
+std::string read_raw(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// `text` as the JSON string that holds it (for DCP_SHARDING_INFO).
+std::string json_str(const std::string& text) { return nlohmann::json(text).dump(); }
+
+std::string bytes_of(const at::Tensor& t) { return std::string(static_cast<const char*>(t.data_ptr()), t.nbytes()); }
+
+template <class F>
+std::string checkpoint_error(F&& f) {
+  try {
+    f();
+  } catch (const CheckpointError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("<wrong exception type> ") + e.what();
+  }
+  return "<no exception>";
+}
+
+template <class F>
+std::string invalid_argument(F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("<wrong exception type> ") + e.what();
+  }
+  return "<no exception>";
+}
+
+// Writes `bytes` as a file and expects read_header to throw CheckpointError naming the file and
+// every one of `names`.
+void expect_rejected(const std::string& bytes, const std::vector<std::string>& names) {
+  TempDir dir;
+  const std::string path = dir / "shard-00001-model-00001-of-00001.safetensors";
+  write_raw(path, bytes);
+  std::string msg = checkpoint_error([&] { read_header(path); });
+  EXPECT_THAT(msg, HasSubstr("checkpoint file '" + path + "'"));
+  for (const auto& name : names) EXPECT_THAT(msg, HasSubstr(name));
+}
+
+const ChunkHeader& chunk_of(const FileHeader& file, const std::string& key) {
+  for (const auto& c : file.chunks) {
+    if (c.key == key) return c;
+  }
+  throw std::runtime_error("no chunk '" + key + "' in " + file.path);
+}
+
+std::vector<std::string> keys_of(const FileHeader& file) {
+  std::vector<std::string> keys;
+  for (const auto& c : file.chunks) keys.push_back(c.key);
+  return keys;
+}
+
+WriteItem item(std::string key, at::Tensor data, std::vector<int64_t> offsets = {}, std::vector<int64_t> global = {}) {
+  if (offsets.empty()) offsets.assign(data.dim(), 0);
+  if (global.empty()) global = data.sizes().vec();
+  return {std::move(key), std::move(data), std::move(offsets), std::move(global)};
+}
+
+// A valid one-tensor file: "w", F32 [2, 3] at [0, 24], with DCP_SHARDING_INFO.
+const std::string kOneTensorHeader = R"({"__metadata__":{"DCP_SHARDING_INFO":)" +
+                                     json_str(R"({"w": {"saved_offsets": [0, 0]}})") +
+                                     R"(},"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}})";
+
+// Every dtype of the format's table, with random bytes (0/1 for BOOL).
+at::Tensor random_tensor(at::ScalarType dtype, std::vector<int64_t> shape, int64_t seed) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  if (dtype == at::kBool) return at::randint(0, 2, shape, gen, at::kByte).to(at::kBool);
+  int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
+  return at::randint(0, 256, {bytes}, gen, at::kByte).view(dtype).reshape(shape).contiguous();
+}
+
+const std::vector<std::pair<std::string, at::ScalarType>> kAllDtypes = {
+    {"F32", at::kFloat},
+    {"BF16", at::kBFloat16},
+    {"F16", at::kHalf},
+    {"F64", at::kDouble},
+    {"I64", at::kLong},
+    {"I32", at::kInt},
+    {"I16", at::kShort},
+    {"I8", at::kChar},
+    {"U8", at::kByte},
+    {"U16", at::kUInt16},
+    {"U32", at::kUInt32},
+    {"U64", at::kUInt64},
+    {"BOOL", at::kBool},
+    {"F8_E4M3", at::kFloat8_e4m3fn},
+    {"F8_E5M2", at::kFloat8_e5m2},
+    {"C64", at::kComplexFloat},
+};
+
+// ------------------------------------------------------------------ dtypes and checksum
+
+TEST(CheckpointFormat, DtypeTableMapsBothWays) {
+  for (const auto& [name, dtype] : kAllDtypes) {
+    EXPECT_EQ(dtype_name(dtype), name);
+    EXPECT_EQ(dtype_from_name(name, "here"), dtype);
+    EXPECT_EQ(itemsize(dtype), static_cast<int64_t>(c10::elementSize(dtype))) << name;
+  }
+  EXPECT_THAT(checkpoint_error([] { dtype_from_name("f32", "file 'x': tensor 'k'"); }),
+              HasSubstr("file 'x': tensor 'k': unknown dtype 'f32'"));
+  EXPECT_THAT(checkpoint_error([] { dtype_name(at::kComplexDouble); }), HasSubstr("ComplexDouble"));
+}
+
+// [Note: the chunk checksum is XXH64] (safetensors.cpp): vectors from the xxhash package.
+TEST(CheckpointFormat, ChecksumIsXXH64) {
+  auto sum = [](const std::string& s) { return checksum_hex(checksum64(s.data(), s.size())); };
+  EXPECT_EQ(sum(""), "ef46db3751d8e999");
+  EXPECT_EQ(sum("a"), "d24ec4f1a98c6e5b");
+  EXPECT_EQ(sum("abc"), "44bc2cf5ad770999");
+  EXPECT_EQ(sum(std::string(31, 'x')), "60dd0d01083b99f0");
+  EXPECT_EQ(sum(std::string(32, 'y')), "64da1f1d3495ce66");
+  EXPECT_EQ(sum(std::string(33, 'z')), "c5241253c64e0268");
+  std::string ramp;
+  for (int r = 0; r < 3; ++r) {
+    for (int i = 0; i < 256; ++i) ramp += static_cast<char>(i);
+  }
+  EXPECT_EQ(sum(ramp), "8e03c838c596036f");
+  EXPECT_EQ(checksum_hex(0x1f), "000000000000001f");
+}
+
+// ------------------------------------------------------------------ round trips
+
+TEST(CheckpointFormat, RoundTripEveryDtype) {
+  TempDir dir;
+  const std::string path = dir / "shard-00001-model-00001-of-00001.safetensors";
+  std::vector<WriteItem> items;
+  for (size_t i = 0; i < kAllDtypes.size(); ++i) {
+    auto [name, dtype] = kAllDtypes[i];
+    int64_t off = static_cast<int64_t>(i);
+    items.push_back(item("t." + name, random_tensor(dtype, {4, 3}, 100 + off), {off, 0}, {4 + 2 * off, 3}));
+  }
+  uint64_t size = write_file(path, items);
+  EXPECT_EQ(size, fs::file_size(path));
+
+  FileHeader file = read_header(path);
+  EXPECT_EQ(file.path, path);
+  EXPECT_EQ(file.file_size, size);
+  EXPECT_EQ(file.data_start % 8, 0u);
+  EXPECT_TRUE(file.has_sharding_info);
+  EXPECT_EQ(file.metadata.at("DCP_VERSION"), "1.0");
+  EXPECT_EQ(file.metadata.at("format"), "pt");
+  ASSERT_EQ(file.chunks.size(), items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const WriteItem& want = items[i];
+    const ChunkHeader& c = file.chunks[i];  // data order = the order given
+    SCOPED_TRACE(want.key);
+    EXPECT_EQ(c.key, want.key);
+    EXPECT_EQ(c.dtype, want.data.scalar_type());
+    EXPECT_EQ(c.shape, want.data.sizes().vec());
+    EXPECT_EQ(c.numel(), 12);
+    EXPECT_EQ(c.offsets, want.offsets);
+    EXPECT_EQ(c.global_shape, want.global_shape);
+    EXPECT_EQ(c.checksum, checksum64(want.data.data_ptr(), want.data.nbytes()));
+    EXPECT_EQ(c.end - c.begin, want.data.nbytes());
+
+    at::Tensor whole = read_rows(file, c, 0, 4);
+    EXPECT_EQ(whole.scalar_type(), want.data.scalar_type());
+    EXPECT_EQ(whole.sizes(), want.data.sizes());
+    EXPECT_EQ(bytes_of(whole), bytes_of(want.data));  // bit-exact, NaN payloads included
+    at::Tensor rows = read_rows(file, c, 1, 3);
+    EXPECT_EQ(rows.sizes().vec(), (std::vector<int64_t>{2, 3}));
+    EXPECT_EQ(bytes_of(rows), bytes_of(want.data.slice(0, 1, 3).contiguous()));
+    EXPECT_EQ(read_rows(file, c, 2, 2).sizes().vec(), (std::vector<int64_t>{0, 3}));
+    EXPECT_NO_THROW(verify_chunk(file, c));
+  }
+  EXPECT_THAT(invalid_argument([&] { read_rows(file, file.chunks[0], 3, 5); }), HasSubstr("rows [3, 5)"));
+}
+
+TEST(CheckpointFormat, ZeroDimTensor) {
+  TempDir dir;
+  const std::string path = dir / "optim.safetensors";
+  write_file(path, {item("state.layers.0.weight.step", at::scalar_tensor(3.0, at::kFloat)),
+                    item("state.layers.0.weight.exp_avg", at::arange(6, at::kFloat).reshape({2, 3}))});
+  FileHeader file = read_header(path);
+  const ChunkHeader& step = chunk_of(file, "state.layers.0.weight.step");
+  EXPECT_TRUE(step.shape.empty());
+  EXPECT_TRUE(step.offsets.empty());
+  EXPECT_EQ(step.global_shape, std::vector<int64_t>{});
+  EXPECT_EQ(step.end - step.begin, 4u);
+  at::Tensor t = read_rows(file, step, 0, 1);
+  EXPECT_EQ(t.dim(), 0);
+  EXPECT_EQ(t.item<float>(), 3.0f);
+  EXPECT_THAT(read_raw(path), HasSubstr(R"("state.layers.0.weight.step":{"dtype":"F32","shape":[],)"));
+}
+
+// An empty FSDP2 shard is saved at the dim size, as PyTorch does ([6, 0] for [0, 4] of [6, 4]).
+TEST(CheckpointFormat, EmptyChunks) {
+  TempDir dir;
+  const std::string mixed = dir / "mixed.safetensors", empty = dir / "empty.safetensors";
+  write_file(mixed, {item("a", at::empty({0, 4}), {6, 0}, {6, 4}), item("b", at::ones({2, 2}), {0, 0}, {2, 2}),
+                     item("c", at::empty({0}), {6}, {6})});
+  FileHeader file = read_header(mixed);
+  EXPECT_EQ(keys_of(file), (std::vector<std::string>{"a", "b", "c"}));  // [0, 0], [0, 16], [16, 16]
+  EXPECT_EQ(chunk_of(file, "a").offsets, (std::vector<int64_t>{6, 0}));
+  EXPECT_EQ(read_rows(file, chunk_of(file, "a"), 0, 0).sizes().vec(), (std::vector<int64_t>{0, 4}));
+  EXPECT_TRUE(read_rows(file, chunk_of(file, "b"), 0, 2).equal(at::ones({2, 2})));
+
+  write_file(empty, {item("layers.0.weight", at::empty({0, 4}), {6, 0}, {6, 4})});
+  FileHeader all_empty = read_header(empty);
+  EXPECT_EQ(all_empty.file_size, all_empty.data_start);
+  EXPECT_EQ(chunk_of(all_empty, "layers.0.weight").global_shape, (std::vector<int64_t>{6, 4}));
+  EXPECT_NO_THROW(verify_chunk(all_empty, all_empty.chunks[0]));
+}
+
+TEST(CheckpointFormat, HeaderIsCompactSpacePaddedAndDcpShaped) {
+  TempDir dir;
+  for (int len = 1; len <= 16; ++len) {
+    SCOPED_TRACE(len);
+    const std::string path = dir / fmt::format("k{}.safetensors", len);
+    const std::string key(len, 'k');
+    write_file(path, {item(key, at::arange(6, at::kFloat).reshape({2, 3}), {2, 0}, {4, 3})});
+    std::string raw = read_raw(path);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(raw[i]);
+    EXPECT_EQ((8 + n) % 8, 0u);
+    std::string header = raw.substr(8, n);
+    EXPECT_EQ(header[0], '{');
+    size_t close = header.find_last_not_of(' ');
+    EXPECT_EQ(header[close], '}');
+    EXPECT_LT(n - 1 - close, 8u);  // at most 7 padding spaces
+    EXPECT_THAT(header, testing::StartsWith(R"({"__metadata__":{"DCP_SHARDING_INFO":"{)"));
+    EXPECT_THAT(header, HasSubstr(fmt::format(R"("{}":{{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}})", key)));
+    auto j = nlohmann::json::parse(header);
+    EXPECT_EQ(j["__metadata__"]["DCP_VERSION"], "1.0");
+    EXPECT_EQ(j["__metadata__"]["format"], "pt");
+    auto info = nlohmann::json::parse(j["__metadata__"]["DCP_SHARDING_INFO"].get<std::string>());
+    EXPECT_EQ(info[key]["saved_offsets"], nlohmann::json::parse("[2, 0]"));
+    EXPECT_EQ(info[key]["global_shape"], nlohmann::json::parse("[4, 3]"));
+    at::Tensor data = at::arange(6, at::kFloat);
+    EXPECT_EQ(info[key]["checksum"], checksum_hex(checksum64(data.data_ptr(), 24)));
+    EXPECT_EQ(raw.size(), 8 + n + 24);
+  }
+}
+
+// ------------------------------------------------------------------ headers PyTorch wrote
+
+// The consolidated file of dcp-hf-format.md (Real headers): no __metadata__, unpadded (N=305, so
+// every tensor's data is unaligned), Python's spaced JSON, header order != sorted order.
+TEST(CheckpointFormat, UnalignedConsolidatedFile) {
+  const std::string header =
+      R"({"scale": {"shape": [2], "dtype": "BF16", "data_offsets": [0, 4]}, "layers.0.weight": {"shape": [6, 4], "dtype": "F32", "data_offsets": [4, 100]}, "layers.0.bias": {"shape": [6], "dtype": "F32", "data_offsets": [100, 124]}, "layers.1.weight": {"shape": [3, 6], "dtype": "F32", "data_offsets": [124, 196]}})";
+  ASSERT_EQ(header.size(), 305u);
+  at::Tensor w0 = at::arange(24, at::kFloat).reshape({6, 4}), b0 = at::arange(6, at::kFloat) - 3,
+             w1 = at::arange(18, at::kFloat).reshape({3, 6}) * 0.25;
+  TempDir dir;
+  const std::string path = dir / "model-00001-of-00001.safetensors";
+  write_raw(path, st_bytes(header, std::string("\xc0\x3f\x00\xc0", 4) + bytes_of(w0) + bytes_of(b0) + bytes_of(w1),
+                           /*pad=*/false));
+  FileHeader file = read_header(path);
+  EXPECT_EQ(file.data_start, 313u);
+  EXPECT_FALSE(file.has_sharding_info);
+  EXPECT_TRUE(file.metadata.empty());
+  EXPECT_EQ(keys_of(file), (std::vector<std::string>{"scale", "layers.0.weight", "layers.0.bias", "layers.1.weight"}));
+  for (const auto& c : file.chunks) {
+    EXPECT_EQ(c.offsets, std::vector<int64_t>(c.shape.size(), 0)) << c.key;  // full tensors
+    EXPECT_FALSE(c.global_shape.has_value());
+    EXPECT_FALSE(c.checksum.has_value());
+  }
+  at::Tensor scale = read_rows(file, chunk_of(file, "scale"), 0, 2);
+  EXPECT_EQ(scale.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(scale[0].item<float>(), 1.5f);
+  EXPECT_EQ(scale[1].item<float>(), -2.0f);
+  EXPECT_TRUE(read_rows(file, chunk_of(file, "layers.0.weight"), 0, 6).equal(w0));
+  EXPECT_TRUE(read_rows(file, chunk_of(file, "layers.0.weight"), 2, 5).equal(w0.slice(0, 2, 5)));
+  EXPECT_TRUE(read_rows(file, chunk_of(file, "layers.0.bias"), 1, 6).equal(b0.slice(0, 1, 6)));
+  EXPECT_TRUE(read_rows(file, chunk_of(file, "layers.1.weight"), 0, 3).equal(w1));
+}
+
+// FSDP2, ws=2, rank 1's file as torch wrote it (N=432: 4 trailing spaces).
+TEST(CheckpointFormat, GoldenPyTorchHeaderWs2Rank1) {
+  const std::string header =
+      R"({"__metadata__":{"DCP_SHARDING_INFO":"{\"layers.0.weight\": {\"saved_offsets\": [3, 0]}, \"layers.0.bias\": {\"saved_offsets\": [3]}, \"layers.1.weight\": {\"saved_offsets\": [2, 0]}}","DCP_VERSION":"1.0","format":"pt"},"layers.0.bias":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},"layers.0.weight":{"dtype":"F32","shape":[3,4],"data_offsets":[12,60]},"layers.1.weight":{"dtype":"F32","shape":[1,6],"data_offsets":[60,84]}})"
+      "    ";
+  ASSERT_EQ(header.size(), 432u);
+  at::Tensor bias = at::arange(3, at::kFloat), w0 = at::arange(12, at::kFloat).reshape({3, 4}) + 100,
+             w1 = at::arange(6, at::kFloat).reshape({1, 6}) - 7;
+  TempDir dir;
+  const std::string path = dir / "shard-00002-model-00001-of-00001.safetensors";
+  write_raw(path, st_bytes(header, bytes_of(bias) + bytes_of(w0) + bytes_of(w1)));
+  FileHeader file = read_header(path);
+  EXPECT_EQ(file.data_start, 440u);
+  EXPECT_EQ(file.file_size, 440u + 84);
+  EXPECT_TRUE(file.has_sharding_info);
+  EXPECT_EQ(keys_of(file), (std::vector<std::string>{"layers.0.bias", "layers.0.weight", "layers.1.weight"}));
+  EXPECT_EQ(chunk_of(file, "layers.0.weight").offsets, (std::vector<int64_t>{3, 0}));
+  EXPECT_EQ(chunk_of(file, "layers.0.bias").offsets, (std::vector<int64_t>{3}));
+  EXPECT_EQ(chunk_of(file, "layers.1.weight").offsets, (std::vector<int64_t>{2, 0}));
+  EXPECT_EQ(chunk_of(file, "layers.0.weight").begin, 12u);
+  EXPECT_FALSE(chunk_of(file, "layers.0.weight").global_shape.has_value());
+  EXPECT_TRUE(read_rows(file, chunk_of(file, "layers.0.bias"), 0, 3).equal(bias));
+  EXPECT_TRUE(read_rows(file, chunk_of(file, "layers.0.weight"), 0, 3).equal(w0));
+  EXPECT_TRUE(read_rows(file, chunk_of(file, "layers.1.weight"), 0, 1).equal(w1));
+}
+
+// FSDP2, ws=4, rank 3: every shard empty, at the dim size; N=424, file size 432.
+TEST(CheckpointFormat, GoldenPyTorchHeaderWs4AllEmpty) {
+  const std::string header =
+      R"({"__metadata__":{"DCP_VERSION":"1.0","format":"pt","DCP_SHARDING_INFO":"{\"layers.0.weight\": {\"saved_offsets\": [6, 0]}, \"layers.0.bias\": {\"saved_offsets\": [6]}, \"layers.1.weight\": {\"saved_offsets\": [3, 0]}}"},"layers.0.bias":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},"layers.0.weight":{"dtype":"F32","shape":[0,4],"data_offsets":[0,0]},"layers.1.weight":{"dtype":"F32","shape":[0,6],"data_offsets":[0,0]}})";
+  TempDir dir;
+  const std::string path = dir / "shard-00004-model-00001-of-00001.safetensors";
+  write_raw(path, st_bytes(header, ""));
+  FileHeader file = read_header(path);
+  EXPECT_EQ(file.data_start, 432u);
+  EXPECT_EQ(file.file_size, 432u);
+  EXPECT_EQ(chunk_of(file, "layers.0.weight").offsets, (std::vector<int64_t>{6, 0}));
+  EXPECT_EQ(chunk_of(file, "layers.0.bias").offsets, (std::vector<int64_t>{6}));
+  EXPECT_EQ(chunk_of(file, "layers.1.weight").offsets, (std::vector<int64_t>{3, 0}));
+  for (const auto& c : file.chunks) {
+    EXPECT_EQ(c.numel(), 0) << c.key;
+    EXPECT_EQ(read_rows(file, c, 0, 0).numel(), 0) << c.key;
+  }
+  EXPECT_EQ(read_rows(file, chunk_of(file, "layers.1.weight"), 0, 0).sizes().vec(), (std::vector<int64_t>{0, 6}));
+}
+
+// ------------------------------------------------------------------ malformed files
+
+TEST(CheckpointFormatBadFile, ShorterThanTheHeaderLength) { expect_rejected("abc", {"3 bytes"}); }
+
+TEST(CheckpointFormatBadFile, DataSectionShorterThanOffsets) {
+  expect_rejected(st_bytes(kOneTensorHeader, std::string(16, '\0')), {"'w'", "[0, 24]", "16 bytes"});
+}
+
+TEST(CheckpointFormatBadFile, HeaderLengthPastEndOfFile) { expect_rejected(le64(1000) + "{}", {"N=1000", "10 bytes"}); }
+
+TEST(CheckpointFormatBadFile, HeaderLengthTooSmall) { expect_rejected(le64(1) + "{", {"N=1"}); }
+
+TEST(CheckpointFormatBadFile, HeaderOver100MB) {
+  expect_rejected(le64(100000001) + "{}      ", {"N=100000001", "100000000"});
+}
+
+TEST(CheckpointFormatBadFile, PickledPrefix) {
+  expect_rejected(std::string("PK\x03\x04\x14\x00\x00\x00\x08\x00", 10), {"N="});
+}
+
+TEST(CheckpointFormatBadFile, HeaderNotJson) {
+  expect_rejected(st_bytes(R"({"w": {"dtype": "F32",}})", ""), {"header is not valid JSON", "parse error"});
+  expect_rejected(st_bytes(R"({"w": 01})", ""), {"header is not valid JSON"});
+  expect_rejected(st_bytes("{\"w\xff\": 1}", ""), {"header is not valid JSON"});  // not UTF-8
+  expect_rejected(st_bytes(R"({} {})", ""), {"header is not valid JSON"});
+}
+
+TEST(CheckpointFormatBadFile, HeaderNotStartingWithBrace) {
+  expect_rejected(st_bytes(" " + kOneTensorHeader, std::string(24, '\0')), {"does not start with '{'", "0x20"});
+  expect_rejected(st_bytes("[1, 2]", ""), {"does not start with '{'", "0x5b"});
+}
+
+TEST(CheckpointFormatBadFile, NulPadding) {
+  std::string header = kOneTensorHeader;
+  header.append(8 - header.size() % 8 + 8, '\0');
+  expect_rejected(st_bytes(header, std::string(24, '\0'), /*pad=*/false), {"NUL"});
+}
+
+TEST(CheckpointFormatBadFile, NonSpaceAfterTheObject) {
+  expect_rejected(st_bytes(kOneTensorHeader + "\n", std::string(24, '\0')), {"0x0a", "only spaces"});
+}
+
+TEST(CheckpointFormatBadFile, JsonNestedTooDeep) {
+  expect_rejected(st_bytes(R"({"__metadata__":{"a":)" + std::string(40, '[') + std::string(40, ']') + "}}", ""),
+                  {"deeper than"});
+}
+
+TEST(CheckpointFormatBadFile, UnknownDtype) {
+  expect_rejected(st_bytes(R"({"w":{"dtype":"F128","shape":[2],"data_offsets":[0,32]}})", std::string(32, '\0')),
+                  {"tensor 'w'", "unknown dtype 'F128'"});
+  expect_rejected(st_bytes(R"({"w":{"dtype":"f32","shape":[2],"data_offsets":[0,8]}})", std::string(8, '\0')),
+                  {"tensor 'w'", "'f32'"});
+  expect_rejected(st_bytes(R"({"w":{"dtype":7,"shape":[2],"data_offsets":[0,8]}})", std::string(8, '\0')),
+                  {"tensor 'w'", "dtype 7"});
+}
+
+TEST(CheckpointFormatBadFile, MissingFields) {
+  expect_rejected(st_bytes(R"({"w":{"dtype":"F32","shape":[2]}})", ""), {"tensor 'w'", "data_offsets"});
+  expect_rejected(st_bytes(R"({"w":{"dtype":"F32","data_offsets":[0,8]}})", std::string(8, '\0')),
+                  {"tensor 'w'", "shape"});
+  expect_rejected(st_bytes(R"({"w":[1,2]})", ""), {"tensor 'w'", "[1,2]"});
+}
+
+TEST(CheckpointFormatBadFile, DataOffsetsOverlap) {
+  expect_rejected(st_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},)"
+                           R"("b":{"dtype":"F32","shape":[3],"data_offsets":[8,20]}})",
+                           std::string(20, '\0')),
+                  {"tensor 'b'", "[8, 20]", "overlapping tensor 'a'", "[0, 12]"});
+}
+
+TEST(CheckpointFormatBadFile, DataOffsetsOutOfRange) {
+  expect_rejected(st_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},)"
+                           R"("b":{"dtype":"F32","shape":[3],"data_offsets":[24,36]}})",
+                           std::string(24, '\0')),
+                  {"tensor 'b'", "[24, 36]", "past the end of the data section (24 bytes"});
+}
+
+TEST(CheckpointFormatBadFile, DataOffsetsGap) {
+  expect_rejected(st_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},)"
+                           R"("b":{"dtype":"F32","shape":[3],"data_offsets":[16,28]}})",
+                           std::string(28, '\0')),
+                  {"[12, 16)", "tensor 'b'", "[16, 28]"});
+  expect_rejected(st_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[4,16]}})", std::string(16, '\0')),
+                  {"[0, 4)", "tensor 'a'"});
+}
+
+TEST(CheckpointFormatBadFile, DataOffsetsBackwards) {
+  expect_rejected(st_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[12,0]}})", std::string(12, '\0')),
+                  {"tensor 'a'", "[12, 0]"});
+  expect_rejected(st_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12,24]}})", std::string(12, '\0')),
+                  {"tensor 'a'", "[0,12,24]"});
+}
+
+// An empty tensor inside another one's bytes does not tile (safetensors: "invalid offset").
+TEST(CheckpointFormatBadFile, EmptyTensorInsideAnother) {
+  expect_rejected(st_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},)"
+                           R"("e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})",
+                           std::string(12, '\0')),
+                  {"tensor 'a'", "tensor 'e'", "[4, 4]"});
+}
+
+TEST(CheckpointFormatBadFile, TrailingBytes) {
+  expect_rejected(st_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]}})", std::string(16, '\0')),
+                  {"4 trailing bytes", "after tensor 'a'"});
+  expect_rejected(st_bytes(R"({})", std::string(3, '\0')), {"3 trailing bytes"});
+}
+
+TEST(CheckpointFormatBadFile, WrongByteCountForShape) {
+  TempDir dir;
+  const std::string path = dir / "shard-00001-model-00001-of-00001.safetensors";
+  write_raw(path, st_bytes(R"({"layers.0.bias":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},)"
+                           R"("layers.0.weight":{"dtype":"F32","shape":[3,5],"data_offsets":[12,60]}})",
+                           std::string(60, '\0')));
+  EXPECT_EQ(checkpoint_error([&] { read_header(path); }),
+            "checkpoint file '" + path +
+                "': tensor 'layers.0.weight' has data_offsets [12, 60] but shape [3, 5] of F32 needs 60 bytes");
+}
+
+TEST(CheckpointFormatBadFile, DuplicateKeys) {
+  expect_rejected(st_bytes(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                           R"("w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                           std::string(8, '\0')),
+                  {"header has the key 'w' twice"});
+  expect_rejected(
+      st_bytes(R"({"w":{"dtype":"F32","dtype":"F16","shape":[1],"data_offsets":[0,4]}})", std::string(4, '\0')),
+      {"'dtype' twice"});
+  expect_rejected(st_bytes(R"({"__metadata__":{"DCP_SHARDING_INFO":)" +
+                               json_str(R"({"w": {"saved_offsets": [0]}, "w": {"saved_offsets": [1]}})") +
+                               R"(},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                           std::string(4, '\0')),
+                  {"DCP_SHARDING_INFO has the key 'w' twice"});
+}
+
+TEST(CheckpointFormatBadFile, MetadataValueNotAString) {
+  expect_rejected(st_bytes(R"({"__metadata__":{"format":1}})", ""), {"__metadata__ value 'format'", "is 1"});
+  expect_rejected(st_bytes(R"({"__metadata__":["pt"]})", ""), {"__metadata__ is [\"pt\"]"});
+}
+
+TEST(CheckpointFormatBadFile, ShardingInfoAsObject) {
+  expect_rejected(st_bytes(R"({"__metadata__":{"DCP_SHARDING_INFO":{"w":{"saved_offsets":[0]}}},)"
+                           R"("w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                           std::string(4, '\0')),
+                  {"'DCP_SHARDING_INFO'", "not a string"});
+  expect_rejected(st_bytes(R"({"__metadata__":{"DCP_SHARDING_INFO":"[1]"}})", ""),
+                  {"DCP_SHARDING_INFO is [1], not a JSON object"});
+  expect_rejected(st_bytes(R"({"__metadata__":{"DCP_SHARDING_INFO":"{\"w\": "}})", ""),
+                  {"DCP_SHARDING_INFO is not valid JSON"});
+}
+
+TEST(CheckpointFormatBadFile, ShardingInfoMissingAKey) {
+  expect_rejected(st_bytes(R"({"__metadata__":{"DCP_SHARDING_INFO":)" + json_str(R"({"a": {"saved_offsets": [0]}})") +
+                               R"(},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                               R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                           std::string(8, '\0')),
+                  {"DCP_SHARDING_INFO has no entry for tensor 'b'"});
+}
+
+TEST(CheckpointFormatBadFile, ShardingInfoListsAnExtraKey) {
+  expect_rejected(st_bytes(R"({"__metadata__":{"DCP_SHARDING_INFO":)" +
+                               json_str(R"({"a": {"saved_offsets": [0]}, "ghost": {"saved_offsets": [0]}})") +
+                               R"(},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                           std::string(4, '\0')),
+                  {"'ghost'", "not a tensor of this file"});
+}
+
+TEST(CheckpointFormatBadFile, SavedOffsetsWrongRankOrValue) {
+  auto with_info = [](const std::string& info) {
+    return st_bytes(R"({"__metadata__":{"DCP_SHARDING_INFO":)" + json_str(info) +
+                        R"(},"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}})",
+                    std::string(24, '\0'));
+  };
+  expect_rejected(with_info(R"({"w": {"saved_offsets": [0]}})"), {"tensor 'w'", "saved_offsets [0]", "[2, 3]"});
+  expect_rejected(with_info(R"({"w": {"saved_offsets": [0, -1]}})"), {"tensor 'w'", "-1"});
+  expect_rejected(with_info(R"({"w": {"saved_offsets": [0, 0.5]}})"), {"tensor 'w'", "0.5"});
+  expect_rejected(with_info(R"({"w": {}})"), {"tensor 'w'", "saved_offsets"});
+  expect_rejected(with_info(R"({"w": {"saved_offsets": [0, 0], "checksum": "ABCDEF0123456789"}})"),
+                  {"tensor 'w'", "checksum \"ABCDEF0123456789\""});
+  expect_rejected(with_info(R"({"w": {"saved_offsets": [0, 0], "global_shape": [2]}})"),
+                  {"tensor 'w'", "global_shape [2]"});
+}
+
+TEST(CheckpointFormatBadFile, OffsetPlusShapePastGlobalShape) {
+  auto with_info = [](const std::string& info, const std::string& shape, int bytes) {
+    return st_bytes(R"({"__metadata__":{"DCP_SHARDING_INFO":)" + json_str(info) + R"(},"w":{"dtype":"F32","shape":)" +
+                        shape + R"(,"data_offsets":[0,)" + std::to_string(bytes) + "]}}",
+                    std::string(bytes, '\0'));
+  };
+  expect_rejected(with_info(R"({"w": {"saved_offsets": [1, 0], "global_shape": [2, 3]}})", "[2,3]", 24),
+                  {"tensor 'w'", "saved_offsets [1, 0]", "shape [2, 3]", "global_shape [2, 3]", "dim 0"});
+  // An empty chunk may sit at the dim size (PyTorch's convention), not past it.
+  EXPECT_NO_THROW({
+    TempDir dir;
+    write_raw(dir / "ok.safetensors",
+              with_info(R"({"w": {"saved_offsets": [6, 0], "global_shape": [6, 4]}})", "[0,4]", 0));
+    read_header(dir / "ok.safetensors");
+  });
+  expect_rejected(with_info(R"({"w": {"saved_offsets": [7, 0], "global_shape": [6, 4]}})", "[0,4]", 0),
+                  {"tensor 'w'", "saved_offsets [7, 0]"});
+}
+
+TEST(CheckpointFormatBadFile, BadShapeValues) {
+  auto with_shape = [](const std::string& shape, int bytes) {
+    return st_bytes(
+        R"({"w":{"dtype":"F32","shape":)" + shape + R"(,"data_offsets":[0,)" + std::to_string(bytes) + "]}}",
+        std::string(bytes, '\0'));
+  };
+  expect_rejected(with_shape("[-2,3]", 24), {"tensor 'w'", "shape [-2,3]", "-2 is not an integer"});
+  expect_rejected(with_shape("[1.5,2]", 12), {"tensor 'w'", "1.5"});
+  expect_rejected(with_shape("[2.0,3]", 24), {"tensor 'w'", "2.0"});
+  expect_rejected(with_shape("[\"2\",3]", 24), {"tensor 'w'", "\"2\""});
+  expect_rejected(with_shape("[18446744073709551616]", 4), {"tensor 'w'", "1.8446744073709552e+19"});
+  expect_rejected(with_shape("[9223372036854775808]", 4), {"tensor 'w'", "9223372036854775808"});
+  expect_rejected(with_shape("[4294967296,4294967296,4]", 4),
+                  {"tensor 'w'", "[4294967296, 4294967296, 4]", "overflows"});
+  expect_rejected(with_shape("[2305843009213693952]", 4), {"tensor 'w'", "overflows"});  // 2^61 * 4 bytes
+  expect_rejected(with_shape("3", 12), {"tensor 'w'", "shape 3"});
+  expect_rejected(st_bytes(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,-4]}})", ""), {"tensor 'w'", "-4"});
+}
+
+TEST(CheckpointFormatBadFile, NotAFile) {
+  TempDir dir;
+  std::string msg = checkpoint_error([&] { read_header(dir / "missing.safetensors"); });
+  EXPECT_THAT(msg, HasSubstr(dir / "missing.safetensors"));
+  EXPECT_THAT(msg, HasSubstr("No such file or directory"));
+  EXPECT_THAT(checkpoint_error([&] { read_header(dir.path()); }), HasSubstr("not a regular file"));
+}
+
+TEST(CheckpointFormatBadFile, ChecksumMismatchOnRead) {
+  TempDir dir;
+  const std::string path = dir / "shard-00001-model-00001-of-00001.safetensors";
+  write_file(path, {item("layers.0.weight", at::arange(12, at::kFloat).reshape({3, 4}))});
+  std::string raw = read_raw(path);
+  raw[raw.size() - 5] ^= 0x40;  // a bit of element 10
+  write_raw(path, raw);
+  FileHeader file = read_header(path);  // the header alone is fine
+  const ChunkHeader& c = chunk_of(file, "layers.0.weight");
+  for (const std::string& msg :
+       {checkpoint_error([&] { read_rows(file, c, 0, 3); }), checkpoint_error([&] { verify_chunk(file, c); })}) {
+    EXPECT_THAT(msg, HasSubstr("checkpoint file '" + path + "'"));
+    EXPECT_THAT(msg, HasSubstr("tensor 'layers.0.weight' has checksum " + checksum_hex(*c.checksum)));
+    EXPECT_THAT(msg, HasSubstr("corrupt"));
+  }
+  // A partial read cannot be checked against the whole chunk's checksum.
+  EXPECT_TRUE(read_rows(file, c, 0, 2).equal(at::arange(8, at::kFloat).reshape({2, 4})));
+}
+
+// read_rows and verify_chunk hash in 1 MiB pieces: a chunk of several pieces and a tail,
+// corrupted in its last byte.
+TEST(CheckpointFormatBadFile, ChecksumMismatchInALargeChunk) {
+  TempDir dir;
+  const std::string path = dir / "big.safetensors";
+  at::Tensor t = random_tensor(at::kByte, {(3 << 20) + 37}, 7);
+  write_file(path, {item("big", t)});
+  FileHeader file = read_header(path);
+  EXPECT_NO_THROW(verify_chunk(file, file.chunks[0]));
+  EXPECT_TRUE(read_rows(file, file.chunks[0], 0, t.size(0)).equal(t));
+  std::string raw = read_raw(path);
+  raw.back() ^= 1;
+  write_raw(path, raw);
+  EXPECT_THAT(checkpoint_error([&] { verify_chunk(file, file.chunks[0]); }), HasSubstr("tensor 'big' has checksum"));
+  EXPECT_THAT(checkpoint_error([&] { read_rows(file, file.chunks[0], 0, t.size(0)); }),
+              HasSubstr("tensor 'big' has checksum"));
+}
+
+TEST(CheckpointFormatBadFile, BoolByteOtherThanZeroOrOne) {
+  TempDir dir;
+  const std::string path = dir / "mask.safetensors";
+  write_raw(path,
+            st_bytes(R"({"mask":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]}})", std::string("\x01\x02\x00", 3)));
+  FileHeader file = read_header(path);
+  EXPECT_THAT(checkpoint_error([&] { read_rows(file, file.chunks[0], 0, 3); }),
+              HasSubstr("tensor 'mask' of BOOL holds byte 0x02"));
+}
+
+// A file that changed after its header was read.
+TEST(CheckpointFormatBadFile, TruncatedAfterTheHeaderWasRead) {
+  TempDir dir;
+  const std::string path = dir / "t.safetensors";
+  write_file(path, {item("w", at::ones({4, 4}))});
+  FileHeader file = read_header(path);
+  fs::resize_file(path, file.file_size - 10);
+  EXPECT_THAT(checkpoint_error([&] { read_rows(file, file.chunks[0], 0, 4); }), HasSubstr("tensor 'w'"));
+}
+
+// ------------------------------------------------------------------ write_file's errors
+
+TEST(CheckpointFormatWrite, RejectsBadItems) {
+  TempDir dir;
+  const std::string path = dir / "x.safetensors";
+  at::Tensor t = at::ones({2, 3});
+  EXPECT_THAT(invalid_argument([&] { write_file(path, {item("w", t.t())}); }), HasSubstr("'w' is not contiguous"));
+  EXPECT_THAT(invalid_argument([&] {
+                write_file(path, {item("w", t), item("w", t)});
+              }),
+              HasSubstr("'w' appears twice"));
+  EXPECT_THAT(invalid_argument([&] { write_file(path, {item("__metadata__", t)}); }), HasSubstr("reserved"));
+  EXPECT_THAT(invalid_argument([&] { write_file(path, {item("w", t, {0}, {2, 3})}); }), HasSubstr("offsets [0]"));
+  EXPECT_THAT(invalid_argument([&] {
+                write_file(path, {item("w", t, {1, 0}, {2, 3})});
+              }),
+              HasSubstr("does not fit global_shape [2, 3]"));
+  EXPECT_THAT(invalid_argument([&] {
+                write_file(path, {WriteItem{"w", at::Tensor(), {}, {}}});
+              }),
+              HasSubstr("undefined"));
+  EXPECT_THAT(invalid_argument([&] { write_file(path, {item("w\xff", t)}); }), HasSubstr("not valid UTF-8"));
+  EXPECT_THAT(checkpoint_error([&] { write_file(path, {item("w", at::ones({2}, at::kComplexDouble))}); }),
+              HasSubstr("ComplexDouble"));
+  EXPECT_FALSE(fs::exists(path));
+}
+
+TEST(CheckpointFormatWrite, ConjugateViewIsWrittenResolved) {
+  TempDir dir;
+  at::Tensor z = at::complex(at::arange(3, at::kFloat), at::ones({3}));
+  write_file(dir / "z.safetensors", {item("z", z.conj())});
+  FileHeader file = read_header(dir / "z.safetensors");
+  EXPECT_TRUE(read_rows(file, file.chunks[0], 0, 3).equal(z.conj().resolve_conj()));
+}
+
+TEST(CheckpointFormatWrite, CannotCreateNamesThePath) {
+  TempDir dir;
+  const std::string path = dir / "no-such-dir/x.safetensors";
+  std::string msg = checkpoint_error([&] { write_file(path, {item("w", at::ones({2}))}); });
+  EXPECT_THAT(msg, HasSubstr("'" + path + "'"));
+  EXPECT_THAT(msg, HasSubstr("No such file or directory"));
+}
+
+// A write that fails midway (here: the file size limit, EFBIG) removes the partial file.
+TEST(CheckpointFormatWrite, FailedWriteRemovesThePartialFile) {
+  TempDir dir;
+  const std::string path = dir / "partial.safetensors";
+  at::Tensor big = at::ones({1 << 18});  // 1 MiB
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old;
+  small.rlim_cur = 64 << 10;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::string msg = checkpoint_error([&] { write_file(path, {item("w", big)}); });
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_THAT(msg, HasSubstr("checkpoint file '" + path + "': write failed"));
+  EXPECT_THAT(msg, HasSubstr(std::strerror(EFBIG)));
+  EXPECT_FALSE(fs::exists(path));
+}
+
+// ------------------------------------------------------------------ PyTorch's side
+
+// The venv's python: $TDC_PYTHON, else .venv/bin/python above the test binary or the current dir.
+std::optional<std::string> find_python() {
+  if (const char* env = std::getenv("TDC_PYTHON"); env && *env) return std::string(env);
+  std::vector<fs::path> starts;
+  std::error_code ec;
+  if (auto exe = fs::read_symlink("/proc/self/exe", ec); !ec) starts.push_back(exe.parent_path());
+  starts.push_back(fs::current_path(ec));
+  for (fs::path p : starts) {
+    for (; !p.empty(); p = p.parent_path()) {
+      if (fs::exists(p / ".venv/bin/python")) return (p / ".venv/bin/python").string();
+      if (p == p.root_path()) break;
+    }
+  }
+  return std::nullopt;
+}
+
+// Runs `script` under the venv's python with the directory as argv[1]; returns {exit code, output}.
+std::pair<int, std::string> run_python(const std::string& python, const TempDir& dir, const std::string& script) {
+  write_raw(dir / "script.py", script);
+  std::string cmd =
+      "'" + python + "' '" + (dir / "script.py") + "' '" + dir.path() + "' > '" + (dir / "python.log") + "' 2>&1";
+  int rc = std::system(cmd.c_str());
+  return {rc, read_raw(dir / "python.log")};
+}
+
+// Skips unless the venv's python has `safetensors` (./tdc installs it; dcp-hf-format.md).
+std::optional<std::string> python_with_safetensors(const TempDir& dir) {
+  auto python = find_python();
+  if (!python) return std::nullopt;
+  auto [rc, out] = run_python(*python, dir, "import safetensors, torch\n");
+  if (rc != 0) return std::nullopt;
+  return python;
+}
+
+// What write_file writes, safetensors.torch.load_file and DCP's HuggingFaceStorageReader load
+// (values bit-exact), and what safetensors.torch.save_file writes, read_header/read_rows read.
+TEST(CheckpointFormatInterop, SafetensorsAndDcpReadWhatWriteFileWrites) {
+  TempDir dir;
+  auto python = python_with_safetensors(dir);
+  if (!python) GTEST_SKIP() << "no venv python with `safetensors` (set TDC_PYTHON, or pip install safetensors)";
+  fs::create_directory(dir / "ckpt");
+  at::Tensor w = at::arange(24, at::kFloat).reshape({6, 4}) * 0.5 - 3;
+  write_file(dir / "ckpt/shard-00001-model-00001-of-00001.safetensors",
+             {item("w", w.slice(0, 0, 4).contiguous(), {0, 0}, {6, 4}),
+              item("bf16", (at::arange(6, at::kFloat) - 2.5).to(at::kBFloat16)),
+              item("i64", at::arange(5, at::kLong) * 1000000000007LL),
+              item("mask", at::tensor({1, 0, 1}, at::kByte).to(at::kBool)),
+              item("f8", at::tensor({0.5, 1.0, -2.0}, at::kFloat).to(at::kFloat8_e4m3fn)),
+              item("c64", at::complex(at::arange(3, at::kFloat), -at::ones({3}))),
+              item("step", at::scalar_tensor(3.0, at::kFloat))});
+  write_file(dir / "ckpt/shard-00002-model-00001-of-00001.safetensors",
+             {item("w", w.slice(0, 4, 6).contiguous(), {4, 0}, {6, 4})});
+  auto [rc, out] = run_python(*python, dir, R"(
+import json, sys, torch
+import torch.distributed.checkpoint as dcp
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+d = sys.argv[1]
+w = torch.arange(24, dtype=torch.float32).reshape(6, 4) * 0.5 - 3
+want = {
+    "w": w[:4],
+    "bf16": (torch.arange(6, dtype=torch.float32) - 2.5).to(torch.bfloat16),
+    "i64": torch.arange(5, dtype=torch.int64) * 1000000000007,
+    "mask": torch.tensor([True, False, True]),
+    "f8": torch.tensor([0.5, 1.0, -2.0]).to(torch.float8_e4m3fn),
+    "c64": torch.complex(torch.arange(3, dtype=torch.float32), -torch.ones(3)),
+    "step": torch.tensor(3.0),
+}
+def same(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and \
+        a.reshape(-1).view(torch.uint8).equal(b.reshape(-1).view(torch.uint8))
+f1 = d + "/ckpt/shard-00001-model-00001-of-00001.safetensors"
+got = load_file(f1)
+assert sorted(got) == sorted(want), sorted(got)
+for k in want:
+    assert same(got[k], want[k]), (k, got[k], want[k])
+with safe_open(f1, "pt") as f:
+    meta = f.metadata()
+assert meta["DCP_VERSION"] == "1.0" and meta["format"] == "pt", meta
+info = json.loads(meta["DCP_SHARDING_INFO"])
+assert info["w"]["saved_offsets"] == [0, 0] and info["step"]["saved_offsets"] == [], info
+
+# DCP's reader reassembles "w" from both files (no process group: world size 1).
+sd = {"w": torch.zeros(6, 4), "step": torch.tensor(0.0), "i64": torch.zeros(5, dtype=torch.int64)}
+dcp.load(sd, storage_reader=dcp.HuggingFaceStorageReader(d + "/ckpt"))
+assert sd["w"].equal(w), sd["w"]
+assert sd["step"].item() == 3.0 and sd["i64"].equal(want["i64"]), sd
+
+# The other way: safetensors' own writer, read by tdc.
+save_file({"x": w, "y": torch.tensor([1, -2], dtype=torch.int16)}, d + "/py.safetensors", metadata={"format": "pt"})
+print("OK")
+)");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_THAT(out, HasSubstr("OK"));
+  FileHeader file = read_header(dir / "py.safetensors");
+  EXPECT_FALSE(file.has_sharding_info);
+  EXPECT_EQ(file.metadata.at("format"), "pt");
+  EXPECT_TRUE(read_rows(file, chunk_of(file, "x"), 0, 6).equal(w));
+  EXPECT_TRUE(read_rows(file, chunk_of(file, "y"), 0, 2).equal(at::tensor({1, -2}, at::kShort)));
+}
+
+}  // namespace
