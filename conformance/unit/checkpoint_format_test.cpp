@@ -18,7 +18,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "../../impl/checkpoint/safetensors.h"
+#include "tdc/checkpoint/detail/safetensors.h"
 
 namespace {
 

@@ -18,7 +18,7 @@
 
 #include "common.h"
 #include "directory.h"
-#include "safetensors.h"
+#include "tdc/checkpoint/detail/safetensors.h"
 #include "tdc/checkpoint/checkpoint.h"
 #include "tdc/checkpoint/errors.h"
 

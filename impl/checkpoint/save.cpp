@@ -23,7 +23,7 @@
 
 #include "common.h"
 #include "directory.h"
-#include "safetensors.h"
+#include "tdc/checkpoint/detail/safetensors.h"
 #include "tdc/checkpoint/checkpoint.h"
 #include "tdc/checkpoint/errors.h"
 
@@ -169,85 +169,96 @@ std::string random_id(const comm::GroupPtr& group) {
   return detail::all_gather_strings(mine, group).front();
 }
 
+// Runs `step`; its exception becomes this rank's error for the next agree().
+template <class F>
+std::optional<std::string> attempt(F&& step) {
+  try {
+    step();
+    return std::nullopt;
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+// The plan every rank computes from every rank's description ([Note: the save plan]).
+struct SavePlan {
+  std::vector<nlohmann::json> ranks;  // every rank's describe()
+  std::map<std::string, KeyPlan> keys;
+  FilePlan files;
+};
+
+SavePlan plan_collectively(const StateDict& state_dict, const comm::GroupPtr& group) {
+  nlohmann::json mine;
+  detail::agree("checkpoint save", attempt([&] { mine = describe(state_dict); }), "", group);
+  SavePlan p;
+  for (const auto& s : detail::all_gather_strings(mine.dump(), group)) p.ranks.push_back(nlohmann::json::parse(s));
+  p.keys = plan(p.ranks);
+  p.files = files_of(p.keys);
+  return p;
+}
+
+void write_rank_files(const StateDict& state_dict, const SavePlan& p, int rank, const std::string& staging) {
+  auto it = p.files.find(rank);
+  if (it == p.files.end()) return;  // nothing to write: no file, as PyTorch's writer
+  const int count = static_cast<int>(it->second.size());
+  for (int index = 0; index < count; ++index) {
+    std::vector<detail::WriteItem> items;
+    for (const auto& [key, box] : it->second[index]) {
+      items.push_back({key, chunk_of(state_dict.at(key), box), box.offsets, p.keys.at(key).shape});
+    }
+    detail::write_file((fs::path(staging) / detail::shard_file_name(rank, index, count)).string(), items);
+  }
+}
+
+detail::Manifest manifest_of(const SavePlan& p, int world, const std::string& staging) {
+  detail::Manifest m;
+  m.world_size = world;
+  for (const auto& [r, rank_files] : p.files) {
+    const int count = static_cast<int>(rank_files.size());
+    for (int index = 0; index < count; ++index) {
+      const std::string name = detail::shard_file_name(r, index, count);
+      m.files[name] = fs::file_size(fs::path(staging) / name);
+    }
+  }
+  for (const auto& [key, kp] : p.keys) m.tensors[key] = {kp.dtype, kp.shape};
+  for (auto it = p.ranks.rbegin(); it != p.ranks.rend(); ++it) {  // the lowest rank's value wins
+    for (const auto& [key, v] : (*it)["values"].items()) m.values[key] = v;
+  }
+  return m;
+}
+
 }  // namespace
 
 void save(const StateDict& state_dict, const std::string& dir, const SaveOptions& options) {
   const comm::GroupPtr group = detail::resolve_group(options.group);
   const int rank = detail::group_rank(group), world = detail::group_size(group);
+  const SavePlan p = plan_collectively(state_dict, group);
 
-  // 1. Describe, exchange, plan.
-  std::optional<std::string> error;
-  nlohmann::json mine;
-  try {
-    mine = describe(state_dict);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  detail::agree("checkpoint save", error, "", group);
-  std::vector<nlohmann::json> all;
-  for (const auto& s : detail::all_gather_strings(mine.dump(), group)) all.push_back(nlohmann::json::parse(s));
-  const auto plans = plan(all);
-  const FilePlan files = files_of(plans);
-
-  // 2. Rank 0 checks DIR and creates the staging directory.
+  // Rank 0 checks DIR and creates the staging directory ([Note: atomic save]).
   const std::string id = random_id(group);
   std::string staging;
-  try {
-    if (rank == 0) staging = detail::prepare_save(dir, id, options.replace_existing);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  detail::agree("checkpoint save", error, "", group);
+  detail::agree("checkpoint save",
+                attempt([&] { staging = rank == 0 ? detail::prepare_save(dir, id, options.replace_existing) : ""; }),
+                "", group);
   staging = detail::all_gather_strings(staging, group).front();
 
-  // 3. Every rank writes its files.
-  auto cleanup_and_throw = [&](const std::string& what) {
+  // After a failure anywhere, rank 0 removes the staging directory (DIR is untouched until the
+  // swap) and every rank throws.
+  auto agree_or_clean_up = [&](const std::optional<std::string>& error) {
     try {
       detail::agree("checkpoint save", error, "", group);
     } catch (...) {
       if (rank == 0) detail::remove_tree(staging);
       throw;
     }
-    (void)what;
   };
-  try {
-    if (auto it = files.find(rank); it != files.end()) {
-      const int count = static_cast<int>(it->second.size());
-      for (int index = 0; index < count; ++index) {
-        std::vector<detail::WriteItem> items;
-        for (const auto& [key, box] : it->second[index]) {
-          items.push_back({key, chunk_of(state_dict.at(key), box), box.offsets, plans.at(key).shape});
-        }
-        detail::write_file((fs::path(staging) / detail::shard_file_name(rank, index, count)).string(), items);
-      }
-    }
+  agree_or_clean_up(attempt([&] {
+    write_rank_files(state_dict, p, rank, staging);
     detail::crash_point("rank-files-written");
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  cleanup_and_throw("write");
-
-  // 4. Rank 0: manifest, swap.
-  try {
-    if (rank == 0) {
-      detail::Manifest m;
-      m.world_size = world;
-      for (const auto& [r, rank_files] : files) {
-        for (int index = 0; index < static_cast<int>(rank_files.size()); ++index) {
-          const std::string name = detail::shard_file_name(r, index, static_cast<int>(rank_files.size()));
-          m.files[name] = fs::file_size(fs::path(staging) / name);
-        }
-      }
-      for (const auto& [key, kp] : plans) m.tensors[key] = {kp.dtype, kp.shape};
-      for (auto it = all.rbegin(); it != all.rend(); ++it) {  // the lowest rank's value wins
-        for (const auto& [key, v] : (*it)["values"].items()) m.values[key] = v;
-      }
-      detail::finish_save(dir, staging, id, m);
-    }
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  cleanup_and_throw("commit");
+  }));
+  agree_or_clean_up(attempt([&] {
+    if (rank == 0) detail::finish_save(dir, staging, id, manifest_of(p, world, staging));
+  }));
 }
 
 }  // namespace tdc::checkpoint

@@ -4,7 +4,7 @@
 // "__metadata__" object (string values only) carries DCP_SHARDING_INFO, a JSON *string* mapping
 // each key to {"saved_offsets": [...]} (tdc adds "global_shape" and "checksum", which PyTorch ignores).
 //
-// Internal to libtdc (tdc::checkpoint's save/load stand on it). Every function that reads a file
+// For libtdc's own use (tdc::checkpoint's save/load stand on it) and its format tests. Every function that reads a file
 // validates before it returns and throws CheckpointError naming the file, the key and the value.
 #pragma once
 
@@ -29,8 +29,9 @@ std::string dtype_name(at::ScalarType dtype);
 at::ScalarType dtype_from_name(const std::string& name, const std::string& where);
 int64_t itemsize(at::ScalarType dtype);
 
-// A fast non-cryptographic 64-bit checksum of bytes (detects corruption, not tampering), printed
-// as 16 lowercase hex digits in headers.
+// XXH64 (seed 0) of bytes: detects corruption, not tampering ([Note: the chunk checksum is XXH64],
+// impl/checkpoint/checksum.h); printed as 16 lowercase hex digits in headers (Python:
+// xxhash.xxh64_hexdigest).
 uint64_t checksum64(const void* data, size_t bytes);
 std::string checksum_hex(uint64_t sum);
 
