@@ -306,6 +306,16 @@ TDC_DIST_TEST(CheckpointTest, PartialDTensorIsRefused, .world_size = 2) {
   EXPECT_FALSE(fs::exists(temp("ckpt")));
 }
 
+// Replicas that differ would make the checkpoint's value depend on which rank wrote it.
+TDC_DIST_TEST(CheckpointTest, ReplicasThatDifferAreRefused, .world_size = 2) {
+  conformance::world();
+  StateDict sd;
+  sd.set("r", at::full({3}, static_cast<float>(ctx().rank)));
+  EXPECT_THAT(error_of([&] { checkpoint::save(sd, temp("ckpt")); }),
+              HasSubstr("'r': ranks 0 and 1 hold different values for its replicated part at [0] size [3]"));
+  EXPECT_FALSE(fs::exists(temp("ckpt")));
+}
+
 // [Note: atomic save]: a save killed at any step leaves the old checkpoint or the new one.
 TDC_DIST_TEST(CheckpointTest, CrashAtAnyStepLeavesOldOrNew, .world_size = 1, .timeout_s = 120) {
   const std::string dir = temp("ckpt");

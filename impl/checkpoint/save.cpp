@@ -2,11 +2,12 @@
 // staging directory, commit atomically ([Note: atomic save], directory.h).
 //
 // [Note: the save plan]
-// Every rank describes what it holds (per key: dtype, global shape, the boxes of its local shard)
-// and all-gathers the descriptions, so every rank computes the same plan without another round:
+// Every rank describes what it holds (per key: dtype, global shape, the boxes of its local shard,
+// each with the XXH64 of its bytes) and all-gathers the descriptions, so every rank computes the same plan without another round:
 // each distinct box is written once, by the holder with the fewest bytes assigned so far (ties:
 // the lowest rank), keys in sorted order. Replicated tensors and HSDP's replicas are thereby
-// written once. The distinct boxes of a key must tile its global shape exactly (a Partial value,
+// written once, and replicas must have equal checksums (PyTorch keeps whichever copy its dedup
+// picks; tdc refuses, naming the two ranks). The distinct boxes of a key must tile its global shape exactly (a Partial value,
 // or ranks that disagree about a layout, fail here, on every rank, before anything is written).
 // A rank holding k boxes of one key writes k files (a safetensors file holds one chunk per key).
 #include <fcntl.h>
@@ -41,7 +42,10 @@ struct KeyPlan {
   std::vector<std::pair<Box, int>> writers;
 };
 
-// This rank's description of its tensor entries, and its JSON values.
+at::Tensor chunk_of(const Value& value, const Box& box);
+
+// This rank's description of its tensor entries (each box with the checksum of its bytes, so
+// that replicas can be compared), and its JSON values.
 nlohmann::json describe(const StateDict& sd) {
   nlohmann::json tensors = nlohmann::json::object(), values = nlohmann::json::object();
   for (const auto& [key, value] : sd) {
@@ -61,7 +65,10 @@ nlohmann::json describe(const StateDict& sd) {
     }
     const at::Tensor& local = local_tensor(value);
     nlohmann::json boxes = nlohmann::json::array();
-    for (const Box& b : detail::local_boxes(value)) boxes.push_back({b.offsets, b.sizes});
+    for (const Box& b : detail::local_boxes(value)) {
+      const at::Tensor chunk = chunk_of(value, b);
+      boxes.push_back({b.offsets, b.sizes, detail::checksum64(chunk.data_ptr(), chunk.nbytes())});
+    }
     tensors[key] = {
         {"dtype", detail::dtype_name(local.scalar_type())}, {"shape", detail::global_shape(value)}, {"boxes", boxes}};
   }
@@ -78,7 +85,10 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 std::map<std::string, KeyPlan> plan(const std::vector<nlohmann::json>& ranks) {
   std::map<std::string, KeyPlan> out;
   std::map<std::string, int> first_holder;
-  std::map<std::string, std::map<std::pair<std::vector<int64_t>, std::vector<int64_t>>, std::vector<int>>> holders;
+  // key -> box -> (rank, checksum of its bytes) of every rank that holds it
+  std::map<std::string,
+           std::map<std::pair<std::vector<int64_t>, std::vector<int64_t>>, std::vector<std::pair<int, uint64_t>>>>
+      holders;
   for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
     for (const auto& [key, t] : ranks[r]["tensors"].items()) {
       const auto dtype = t["dtype"].get<std::string>();
@@ -91,7 +101,8 @@ std::map<std::string, KeyPlan> plan(const std::vector<nlohmann::json>& ranks) {
                                           dtype, detail::shape_str(shape)));
       }
       for (const auto& b : t["boxes"]) {
-        holders[key][{b[0].get<std::vector<int64_t>>(), b[1].get<std::vector<int64_t>>()}].push_back(r);
+        holders[key][{b[0].get<std::vector<int64_t>>(), b[1].get<std::vector<int64_t>>()}].emplace_back(
+            r, b[2].get<uint64_t>());
       }
     }
   }
@@ -113,8 +124,17 @@ std::map<std::string, KeyPlan> plan(const std::vector<nlohmann::json>& ranks) {
               detail::shape_str(other.sizes)));
         }
       }
-      int writer = who.front();
-      for (int r : who) {
+      // Replicas must agree: otherwise what loads would depend on which rank wrote.
+      for (const auto& [r, sum] : who) {
+        if (sum != who.front().second) {
+          throw CheckpointError(fmt::format(
+              "cannot save '{}': ranks {} and {} hold different values for its replicated part at {} size {} "
+              "(replicated values must be equal on every rank that holds them)",
+              key, who.front().first, r, detail::shape_str(b.offsets), detail::shape_str(b.sizes)));
+        }
+      }
+      int writer = who.front().first;
+      for (const auto& [r, sum] : who) {
         if (bytes[r] < bytes[writer]) writer = r;
       }
       bytes[writer] += b.numel() * item;
