@@ -1,8 +1,9 @@
-// `tdc bench harness` / `tdc bench ddp` / `tdc bench fsdp`: runs a benchmark binary
-// (tdc_bench_harness, tdc_bench_ddp, tdc_bench_fsdp: separate binaries so that their forks start
-// from a clean process) and prints its numbers (the harness's against their targets). fsdp also
-// runs the PyTorch side (bench/pytorch/fsdp_pytorch.py, the venv's python), merges both into one
-// JSON and plots it (bench/pytorch/fsdp_plot.py -> the JSON's name with .png).
+// `tdc bench harness` / `tdc bench ddp` / `tdc bench fsdp` / `tdc bench checkpoint`: runs a
+// benchmark binary (tdc_bench_harness, tdc_bench_ddp, tdc_bench_fsdp, tdc_bench_checkpoint:
+// separate binaries so that their forks start from a clean process) and prints its numbers (the
+// harness's against their targets). fsdp and checkpoint also run the PyTorch side
+// (bench/pytorch/<name>_pytorch.py, the venv's python), merge both into one JSON and plot it
+// (bench/pytorch/<name>_plot.py -> the JSON's name with .png).
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,20 +29,26 @@ const std::vector<OptionSpec> kBenchOptions = {
     {"out", "FILE", "where the benchmark writes its JSON (default results/bench-NAME.json)"},
     {"repeat", "N",
      "harness: timed launches per case and launcher (default 20; the smoke test "
-     "uses 3); ddp, fsdp: timed steps per case (default 10)"},
+     "uses 3); ddp, fsdp: timed steps per case (default 10); checkpoint: timed "
+     "save/load calls per case, the best counts (default 3)"},
     {"build-dir", "DIR", "build directory (default $TDC_BUILD)"},
     {"rounds", "N",
-     "fsdp: rounds of (tdc side, PyTorch side), order alternating; figures are medians "
-     "over rounds (default 3)"},
+     "fsdp, checkpoint: rounds of (tdc side, PyTorch side), order alternating; fsdp's "
+     "figures are medians over rounds (default 3), checkpoint's the best (default 2)"},
     {"python", "PY",
-     "fsdp: the python with torch 2.13 and matplotlib (default $TDC_VENV/bin/python, "
-     "else SOURCE/.venv/bin/python)"},
+     "fsdp, checkpoint: the python with torch 2.13 and matplotlib (checkpoint: and "
+     "safetensors) (default $TDC_VENV/bin/python, else SOURCE/.venv/bin/python)"},
+    {"mb", "MB", "checkpoint: MB (10^6 bytes) of float32 tensor data in the state dict (default 256)"},
+    {"dir", "DIR",
+     "checkpoint: where the checkpoints and dd's files go (temp dirs under DIR; default: the "
+     "build directory)"},
 };
 
 constexpr const char* kBenchUsage =
     "usage: tdc bench harness [--out FILE] [--repeat N]\n"
     "       tdc bench ddp [--out FILE] [--repeat N]\n"
-    "       tdc bench fsdp [--out FILE] [--repeat N] [--rounds R] [--python PY]\n\n"
+    "       tdc bench fsdp [--out FILE] [--repeat N] [--rounds R] [--python PY]\n"
+    "       tdc bench checkpoint [--out FILE] [--repeat N] [--rounds R] [--mb MB] [--dir DIR] [--python PY]\n\n"
     "harness: times tdc::harness::launch() for 4-rank tests (cases 'empty' and 'all_reduce',\n"
     "launchers fork and thread): wall time per test including process/thread start, rendezvous,\n"
     "body and teardown. JSON: docs/results-schema.md, 'Harness benchmark'.\n"
@@ -53,6 +60,12 @@ constexpr const char* kBenchUsage =
     "tdc DDP and single-process training (MLPStack and Transformer, world sizes 2 and 4). Writes\n"
     "the JSON and a PNG plot next to it (same name, .png). JSON: docs/results-schema.md, 'FSDP\n"
     "benchmark'.\n"
+    "checkpoint: save and load throughput (MB/s) of tdc::checkpoint against PyTorch 2.13's DCP\n"
+    "HuggingFace writer/reader (dcp.save with HuggingFaceStorageWriter(save_distributed=True),\n"
+    "dcp.load with HuggingFaceStorageReader) on the same FSDP-sharded float32 state dict (DTensors\n"
+    "Shard(0), uneven rows) at world sizes 2 and 4, and the disk's sequential write and read\n"
+    "bandwidth (dd) in the same directory; loads read files dropped from the page cache. Writes\n"
+    "the JSON and a PNG plot next to it. JSON: docs/results-schema.md, 'Checkpoint benchmark'.\n"
     "All show progress, write JSON and print a table.\n\n"
     "Options:\n";
 
@@ -65,9 +78,11 @@ double number_at(const json& j, const fs::path& file, const std::string& key) {
   return j[key].get<double>();
 }
 
-// Runs `exe` with --out/--repeat and returns its parsed JSON output (throws naming what failed).
+// Runs `exe` with --out/--repeat (and `extra_args`) and returns its parsed JSON output (throws naming what
+// failed).
 std::optional<json> run_benchmark(const fs::path& build, const std::string& binary, const fs::path& out,
-                                  std::optional<int> repeat, int* exit_status) {
+                                  std::optional<int> repeat, int* exit_status,
+                                  const std::vector<std::string>& extra_args = {}) {
   fs::path exe = build / binary;
   if (!fs::exists(exe))
     throw UsageError(fmt::format("benchmark binary '{}' does not exist: build it (ninja -C {} {})", exe.string(),
@@ -75,6 +90,7 @@ std::optional<json> run_benchmark(const fs::path& build, const std::string& bina
   SpawnOptions so;
   so.argv = {exe.string(), "--out", out.string()};
   if (repeat) so.argv.insert(so.argv.end(), {"--repeat", std::to_string(*repeat)});
+  so.argv.insert(so.argv.end(), extra_args.begin(), extra_args.end());
   Child child = Child::spawn(so);
   int status = child.wait();
   if (interrupted()) {
@@ -318,8 +334,14 @@ ojson combine_rounds(const std::vector<ojson>& rounds) {
   return out;
 }
 
-int bench_fsdp(const ParsedArgs& a, const fs::path& build, const fs::path& out, std::optional<int> repeat) {
-  // Everything the PyTorch side needs is checked before the (long) tdc run.
+// What a benchmark with a PyTorch side needs, checked before the (long) tdc run: the venv's python
+// (--python, else $TDC_VENV/bin/python, else SOURCE/.venv/bin/python) and the two scripts
+// bench/pytorch/<name>_pytorch.py and <name>_plot.py.
+struct PythonSide {
+  fs::path python, runner, plotter;
+};
+
+PythonSide python_side(const ParsedArgs& a, const fs::path& build, const std::string& name) {
   fs::path source = resolve_source_dir(build);
   fs::path python;
   if (auto p = a.get("python")) {
@@ -331,18 +353,43 @@ int bench_fsdp(const ParsedArgs& a, const fs::path& build, const fs::path& out, 
   }
   if (python.empty() || ::access(python.c_str(), X_OK) != 0)
     throw UsageError(
-        fmt::format("bench fsdp: no python for the PyTorch side{}: run ./tdc setup (it creates .venv with torch "
+        fmt::format("bench {}: no python for the PyTorch side{}: run ./tdc setup (it creates .venv with torch "
                     "2.13 and matplotlib) or pass --python PY",
-                    python.empty() ? "" : fmt::format(" ('{}' is not an executable)", python.string())));
-  if (source.empty()) throw UsageError("bench fsdp: cannot find the source directory (bench/pytorch/): set TDC_ROOT");
-  const fs::path runner = source / "bench" / "pytorch" / "fsdp_pytorch.py";
-  const fs::path plotter = source / "bench" / "pytorch" / "fsdp_plot.py";
-  for (const fs::path& f : {runner, plotter})
+                    name, python.empty() ? "" : fmt::format(" ('{}' is not an executable)", python.string())));
+  if (source.empty())
+    throw UsageError(fmt::format("bench {}: cannot find the source directory (bench/pytorch/): set TDC_ROOT", name));
+  PythonSide side{python, source / "bench" / "pytorch" / (name + "_pytorch.py"),
+                  source / "bench" / "pytorch" / (name + "_plot.py")};
+  for (const fs::path& f : {side.runner, side.plotter})
     if (!fs::is_regular_file(f))
       throw UsageError(
-          fmt::format("bench fsdp: '{}' does not exist (TDC_ROOT / --build-dir point at "
+          fmt::format("bench {}: '{}' does not exist (TDC_ROOT / --build-dir point at "
                       "the wrong tree?)",
-                      f.string()));
+                      name, f.string()));
+  return side;
+}
+
+// The merged JSON, atomically (temp name, then rename).
+void write_merged(const fs::path& out, const ojson& merged) {
+  const fs::path tmp = out.string() + ".tmp";
+  std::ofstream o(tmp, std::ios::trunc);
+  o << merged.dump(2) << "\n";
+  o.close();
+  if (!o) throw std::runtime_error(fmt::format("cannot write '{}'", tmp.string()));
+  fs::rename(tmp, out);
+}
+
+// Removes the per-side temp files of a merged benchmark, whatever happens.
+struct Cleanup {
+  std::vector<fs::path> files;
+  ~Cleanup() {
+    std::error_code ec;
+    for (const auto& f : files) fs::remove(f, ec);
+  }
+};
+
+int bench_fsdp(const ParsedArgs& a, const fs::path& build, const fs::path& out, std::optional<int> repeat) {
+  const auto [python, runner, plotter] = python_side(a, build, "fsdp");
   const int n = repeat.value_or(10);
   const int n_rounds = a.get("rounds") ? parse_positive_int("bench", "rounds", *a.get("rounds")) : 3;
   fs::create_directories(out.parent_path());
@@ -350,13 +397,7 @@ int bench_fsdp(const ParsedArgs& a, const fs::path& build, const fs::path& out, 
   const fs::path py_file = out.string() + ".pytorch.tmp";
   fs::path png = out;
   png.replace_extension(".png");
-  struct Cleanup {
-    std::vector<fs::path> files;
-    ~Cleanup() {
-      std::error_code ec;
-      for (const auto& f : files) fs::remove(f, ec);
-    }
-  } cleanup{{tdc_file, py_file}};
+  Cleanup cleanup{{tdc_file, py_file}};
 
   // Rounds alternate the order of the two sides (odd rounds: tdc first; even: PyTorch first), so
   // that a change in the host's load does not always hit the same side; the figures are medians
@@ -389,20 +430,252 @@ int bench_fsdp(const ParsedArgs& a, const fs::path& build, const fs::path& out, 
     rounds.push_back(merge_fsdp(*t, tdc_file, *py, py_file));
   }
   const ojson merged = combine_rounds(rounds);
-  {
-    const fs::path tmp = out.string() + ".tmp";
-    std::ofstream o(tmp, std::ios::trunc);
-    o << merged.dump(2) << "\n";
-    o.close();
-    if (!o) throw std::runtime_error(fmt::format("cannot write '{}'", tmp.string()));
-    fs::rename(tmp, out);
-  }
+  write_merged(out, merged);
   status = run_python({python.string(), plotter.string(), "--json", out.string(), "--png", png.string()});
   if (status != kExitOk) {
     fmt::print(stderr, "tdc bench fsdp: the JSON is written ({}), the plot is not\n", out.string());
     return status;
   }
   return print_fsdp(merged, out, png);
+}
+
+// ------------------------------------------------------------ checkpoint: tdc + PyTorch + dd, merged
+
+// Throughputs (MB/s) of one world size, and the ratios between them: "X_vs_Y" = X's MB/s / Y's
+// (higher is better for X). Targets: tdc >= PyTorch (save_vs_pytorch, load_vs_pytorch >= 1) and
+// within 2x of dd (save_vs_dd, load_vs_dd >= 0.5); loads are the cold ones (files dropped from the
+// page cache, as dd's read).
+constexpr const char* kCkptThroughputs[] = {"tdc_save_mb_s",     "tdc_load_mb_s",     "tdc_load_warm_mb_s",
+                                            "pytorch_save_mb_s", "pytorch_load_mb_s", "pytorch_load_warm_mb_s",
+                                            "dd_write_mb_s",     "dd_read_mb_s"};
+struct CkptRatio {
+  const char* name;
+  const char* num;
+  const char* den;
+  double target;  // 0: reported, no target
+};
+constexpr CkptRatio kCkptRatios[] = {
+    {"save_vs_pytorch", "tdc_save_mb_s", "pytorch_save_mb_s", 1.0},
+    {"load_vs_pytorch", "tdc_load_mb_s", "pytorch_load_mb_s", 1.0},
+    {"save_vs_dd", "tdc_save_mb_s", "dd_write_mb_s", 0.5},
+    {"load_vs_dd", "tdc_load_mb_s", "dd_read_mb_s", 0.5},
+    {"load_warm_vs_pytorch", "tdc_load_warm_mb_s", "pytorch_load_warm_mb_s", 0.0},
+    {"pytorch_save_vs_dd", "pytorch_save_mb_s", "dd_write_mb_s", 0.0},
+    {"pytorch_load_vs_dd", "pytorch_load_mb_s", "dd_read_mb_s", 0.0},
+};
+
+// Sets the ratios of a case from its throughputs and the target verdicts over all cases.
+void checkpoint_verdicts(ojson& j) {
+  bool vs_pytorch = true, vs_dd = true;
+  double worst_pytorch = 0, worst_dd = 0;
+  bool first = true;
+  for (auto& [world, c] : j["cases"].items()) {
+    for (const CkptRatio& r : kCkptRatios) {
+      const double den = c.value(r.den, 0.0);
+      c[r.name] = den > 0 ? c.value(r.num, 0.0) / den : 0.0;
+    }
+    const double p = std::min(c["save_vs_pytorch"].get<double>(), c["load_vs_pytorch"].get<double>());
+    const double d = std::min(c["save_vs_dd"].get<double>(), c["load_vs_dd"].get<double>());
+    worst_pytorch = first ? p : std::min(worst_pytorch, p);
+    worst_dd = first ? d : std::min(worst_dd, d);
+    first = false;
+    vs_pytorch = vs_pytorch && p >= 1.0;
+    vs_dd = vs_dd && d >= 0.5;
+  }
+  j["target"] =
+      "in every case: tdc's save and (cold) load MB/s >= PyTorch's (save_vs_pytorch, load_vs_pytorch >= 1), and "
+      ">= half of dd's sequential write / read (save_vs_dd, load_vs_dd >= 0.5)";
+  j["target_met"] = vs_pytorch && vs_dd;
+  j["target_vs_pytorch_met"] = vs_pytorch;
+  j["target_vs_dd_met"] = vs_dd;
+  j["worst_vs_pytorch"] = worst_pytorch;
+  j["worst_vs_dd"] = worst_dd;
+}
+
+// tdc's JSON (tdc_bench_checkpoint, with dd) + PyTorch's (checkpoint_pytorch.py) -> one round.
+ojson merge_checkpoint(const ojson& t, const fs::path& tdc_file, const ojson& py, const fs::path& py_file) {
+  const ojson& tsd = t.at("state_dict");
+  if (!py.contains("state_dict") || py["state_dict"].value("tensors", ojson()) != tsd.at("tensors") ||
+      py["state_dict"].value("total_bytes", -1) != tsd.value("total_bytes", -2))
+    throw std::runtime_error(fmt::format("'{}' and '{}' describe different state dicts: not the same benchmark",
+                                         tdc_file.string(), py_file.string()));
+  const ojson& dd = t.at("dd");
+  ojson cases = ojson::object();
+  for (const auto& [world, c] : t.at("cases").items()) {
+    const std::string where = fmt::format("cases.{}", world);
+    if (!py.contains("cases") || !py["cases"].contains(world))
+      throw std::runtime_error(fmt::format("PyTorch output '{}' has no case {}", py_file.string(), where));
+    const ojson& p = py["cases"][world];
+    ojson m = ojson::object();
+    for (const char* k : {"save", "load", "load_warm"}) {
+      m[fmt::format("tdc_{}_mb_s", k)] = number_in(c, tdc_file, where, fmt::format("{}_mb_s", k));
+      m[fmt::format("pytorch_{}_mb_s", k)] = number_in(p, py_file, where, fmt::format("{}_mb_s", k));
+    }
+    m["dd_write_mb_s"] = number_in(dd, tdc_file, "dd", "write_mb_s");
+    m["dd_read_mb_s"] = number_in(dd, tdc_file, "dd", "read_mb_s");
+    m["tdc_files"] = c.value("files", 0);
+    m["pytorch_files"] = p.value("files", 0);
+    m["tdc_checkpoint_bytes"] = c.value("checkpoint_bytes", 0);
+    m["pytorch_checkpoint_bytes"] = p.value("checkpoint_bytes", 0);
+    m["resident_before_cold_load"] =
+        std::max(c.value("resident_before_cold_load", 0.0), p.value("resident_before_cold_load", 0.0));
+    ojson ts = ojson::object(), ps = ojson::object();
+    for (const char* k : {"save_s_all", "load_s_all", "load_warm_s_all"}) {
+      ts[k] = c.value(k, ojson::array());
+      ps[k] = p.value(k, ojson::array());
+    }
+    m["tdc_seconds"] = ts;
+    m["pytorch_seconds"] = ps;
+    cases[world] = m;
+  }
+  ojson out = ojson::object();
+  out["cases"] = cases;
+  checkpoint_verdicts(out);
+  for (const auto& [key, v] : t.items())
+    if (key != "cases") out[key] = v;
+  ojson pyinfo = ojson::object();
+  for (const auto& [key, v] : py.items())
+    if (key != "cases" && key != "state_dict") pyinfo[key] = v;
+  out["pytorch"] = pyinfo;
+  out["torch_version"] = py.value("torch_version", std::string("?"));
+  return out;
+}
+
+// Several rounds -> one: every throughput is the best over rounds (as each round's is the best over
+// repeats), the ratios are taken between those; each case keeps its rounds under "per_round" and
+// dd its rounds under "dd.per_round".
+ojson combine_checkpoint_rounds(const std::vector<ojson>& rounds) {
+  ojson out = rounds.front();
+  for (auto& [world, c] : out["cases"].items()) {
+    ojson per_round = ojson::array();
+    for (const auto& r : rounds) {
+      const ojson& rc = r["cases"][world];
+      per_round.push_back(rc);
+      for (const char* k : kCkptThroughputs) c[k] = std::max(c.value(k, 0.0), rc.value(k, 0.0));
+      c["resident_before_cold_load"] =
+          std::max(c.value("resident_before_cold_load", 0.0), rc.value("resident_before_cold_load", 0.0));
+    }
+    c.erase("tdc_seconds");
+    c.erase("pytorch_seconds");
+    c["per_round"] = per_round;
+  }
+  checkpoint_verdicts(out);
+  ojson dd_rounds = ojson::array();
+  for (const auto& r : rounds) {
+    dd_rounds.push_back(r["dd"]);
+    for (const char* k : {"write_mb_s", "read_mb_s"})
+      out["dd"][k] = std::max(out["dd"].value(k, 0.0), r["dd"].value(k, 0.0));
+  }
+  out["dd"]["per_round"] = dd_rounds;
+  for (const char* k : {"write_s", "read_s", "write_s_all", "read_s_all", "write_wall_s_all", "read_wall_s_all"})
+    out["dd"].erase(k);
+  ojson loads = ojson::array();
+  double total = 0;
+  for (const auto& r : rounds) {
+    loads.push_back(r.value("load_average", ojson()));
+    loads.push_back(r["pytorch"].value("load_average", ojson()));
+    total += r.value("duration_s", 0.0) + r["pytorch"].value("duration_s", 0.0);
+  }
+  out["load_average"] = loads;
+  out["rounds"] = rounds.size();
+  out["total_duration_s"] = total;
+  return out;
+}
+
+int print_checkpoint(const ojson& j, const fs::path& out, const fs::path& png) {
+  const ojson& sd = j["state_dict"];
+  const ojson& disk = j["disk"];
+  fmt::print(
+      "\nCheckpoint benchmark: host {} ({} CPUs), LibTorch {} vs torch {}; {:.1f} MB of float32 in {} tensors "
+      "(DTensor Shard(0)); best of {} call(s) x {} round(s); directory {} ({} on {})\n",
+      j.value("host", std::string("?")), j.value("cpus", 0), j.value("libtorch_version", std::string("?")),
+      j.value("torch_version", std::string("?")), sd.value("total_bytes", 0) / 1e6, sd["tensors"].size(),
+      j.value("repeat", 0), j.value("rounds", 1), disk.value("dir", std::string("?")),
+      disk.value("fstype", std::string("?")), disk.value("device", std::string("?")));
+  fmt::print("{:>5}  {:<11} {:>10} {:>12} {:>9} {:>11} {:>8} {:>10}\n", "world", "", "tdc MB/s", "PyTorch MB/s",
+             "dd MB/s", "tdc/PyTorch", "tdc/dd", "PyTorch/dd");
+  for (const auto& [world, c] : j["cases"].items()) {
+    auto mark = [](double r, double target) { return r >= target ? " " : "<"; };
+    const double sp = c.value("save_vs_pytorch", 0.0), sdd = c.value("save_vs_dd", 0.0);
+    const double lp = c.value("load_vs_pytorch", 0.0), ldd = c.value("load_vs_dd", 0.0);
+    fmt::print("{:>5}  {:<11} {:>10.0f} {:>12.0f} {:>9.0f} {:>10.2f}{} {:>7.2f}{} {:>10.2f}\n", world, "save",
+               c.value("tdc_save_mb_s", 0.0), c.value("pytorch_save_mb_s", 0.0), c.value("dd_write_mb_s", 0.0), sp,
+               mark(sp, 1.0), sdd, mark(sdd, 0.5), c.value("pytorch_save_vs_dd", 0.0));
+    fmt::print("{:>5}  {:<11} {:>10.0f} {:>12.0f} {:>9.0f} {:>10.2f}{} {:>7.2f}{} {:>10.2f}\n", world, "load (cold)",
+               c.value("tdc_load_mb_s", 0.0), c.value("pytorch_load_mb_s", 0.0), c.value("dd_read_mb_s", 0.0), lp,
+               mark(lp, 1.0), ldd, mark(ldd, 0.5), c.value("pytorch_load_vs_dd", 0.0));
+    fmt::print("{:>5}  {:<11} {:>10.0f} {:>12.0f} {:>9} {:>10.2f}\n", world, "load (warm)",
+               c.value("tdc_load_warm_mb_s", 0.0), c.value("pytorch_load_warm_mb_s", 0.0), "-",
+               c.value("load_warm_vs_pytorch", 0.0));
+  }
+  const ojson& dd = j["dd"];
+  fmt::print(
+      "\nMB = 10^6 bytes of tensor data; each figure is the best call (slowest rank's time) over repeats and rounds.\n"
+      "load (cold): the checkpoint's files dropped from the page cache first (posix_fadvise DONTNEED; at most "
+      "{:.0f}% of their pages stayed resident); dd read likewise ({:.0f}%).\n"
+      "dd: write = {}, read = {}.\n"
+      "target: tdc/PyTorch >= 1: {} (worst {:.2f}); tdc/dd >= 0.5: {} (worst {:.2f}); '<' marks a miss\n",
+      100 * j["cases"].begin()->value("resident_before_cold_load", 0.0), 100 * dd.value("resident_before_read", 0.0),
+      dd.value("write_command", std::string("?")), dd.value("read_command", std::string("?")),
+      j.value("target_vs_pytorch_met", false) ? "met" : "NOT met", j.value("worst_vs_pytorch", 0.0),
+      j.value("target_vs_dd_met", false) ? "met" : "NOT met", j.value("worst_vs_dd", 0.0));
+  const int cpus = j.value("cpus", 0);
+  if (cpus > 0 && cpus < 4) fmt::print("note: {} CPUs here, so world size 4 oversubscribes the cores\n", cpus);
+  fmt::print("written to {}\n           {}\n", out.string(), png.string());
+  return kExitOk;
+}
+
+int bench_checkpoint(const ParsedArgs& a, const fs::path& build, const fs::path& out, std::optional<int> repeat) {
+  const auto [python, runner, plotter] = python_side(a, build, "checkpoint");
+  const int n = repeat.value_or(3);
+  const int n_rounds = a.get("rounds") ? parse_positive_int("bench", "rounds", *a.get("rounds")) : 2;
+  const int mb = a.get("mb") ? parse_positive_int("bench", "mb", *a.get("mb")) : 256;
+  // One directory for dd, tdc and PyTorch: the disk under test (default: the build directory's).
+  const fs::path dir = fs::absolute(a.get("dir").value_or(build.string()));
+  if (!fs::is_directory(dir))
+    throw UsageError(fmt::format("bench checkpoint: --dir '{}' is not a directory", dir.string()));
+  fs::create_directories(out.parent_path());
+  const fs::path tdc_file = out.string() + ".tdc.tmp";
+  const fs::path py_file = out.string() + ".pytorch.tmp";
+  fs::path png = out;
+  png.replace_extension(".png");
+  Cleanup cleanup{{tdc_file, py_file}};
+
+  // As fsdp: odd rounds tdc side (with dd) first, even rounds PyTorch first.
+  int status = kExitOk;
+  std::vector<ojson> rounds;
+  for (int r = 1; r <= n_rounds; ++r) {
+    std::optional<ojson> t, py;
+    auto tdc_side = [&] {
+      fmt::print(stderr, "tdc bench checkpoint: round {}/{}, dd and tdc side ({})\n", r, n_rounds,
+                 (build / "tdc_bench_checkpoint").string());
+      if (!run_benchmark(build, "tdc_bench_checkpoint", tdc_file, n, &status,
+                         {"--mb", std::to_string(mb), "--dir", dir.string()}))
+        return false;
+      t = read_json(tdc_file);
+      return true;
+    };
+    auto py_side = [&] {
+      fmt::print(stderr, "tdc bench checkpoint: round {}/{}, PyTorch side ({} {})\n", r, n_rounds, python.string(),
+                 runner.string());
+      status = run_python({python.string(), runner.string(), "--out", py_file.string(), "--repeat", std::to_string(n),
+                           "--mb", std::to_string(mb), "--dir", dir.string()});
+      if (status != kExitOk) return false;
+      py = read_json(py_file);
+      return true;
+    };
+    bool ok = r % 2 ? (tdc_side() && py_side()) : (py_side() && tdc_side());
+    if (!ok) return status;
+    rounds.push_back(merge_checkpoint(*t, tdc_file, *py, py_file));
+  }
+  const ojson merged = combine_checkpoint_rounds(rounds);
+  write_merged(out, merged);
+  status = run_python({python.string(), plotter.string(), "--json", out.string(), "--png", png.string()});
+  if (status != kExitOk) {
+    fmt::print(stderr, "tdc bench checkpoint: the JSON is written ({}), the plot is not\n", out.string());
+    return status;
+  }
+  return print_checkpoint(merged, out, png);
 }
 
 }  // namespace
@@ -414,18 +687,21 @@ int bench_command(const std::vector<std::string>& args) {
     return a.help ? kExitOk : kExitUsage;
   }
   const std::string name = a.positional.size() == 1 ? a.positional[0] : "";
-  if (name != "harness" && name != "ddp" && name != "fsdp")
-    throw UsageError(
-        fmt::format("bench: unknown benchmark '{}' (available: harness, ddp, fsdp)", fmt::join(a.positional, " ")));
+  if (name != "harness" && name != "ddp" && name != "fsdp" && name != "checkpoint")
+    throw UsageError(fmt::format("bench: unknown benchmark '{}' (available: harness, ddp, fsdp, checkpoint)",
+                                 fmt::join(a.positional, " ")));
   fs::path build = resolve_build_dir(a.get("build-dir"));
   fs::path out = fs::absolute(a.get("out").value_or(fmt::format("results/bench-{}.json", name)));
   std::optional<int> repeat;
   if (auto v = a.get("repeat")) repeat = parse_positive_int("bench", "repeat", *v);
   if (name == "harness" && !repeat) repeat = 20;
 
-  if (name != "fsdp" && (a.get("python") || a.get("rounds")))
-    throw UsageError("bench: --python and --rounds are options of 'tdc bench fsdp' only");
+  if (name != "fsdp" && name != "checkpoint" && (a.get("python") || a.get("rounds")))
+    throw UsageError("bench: --python and --rounds are options of 'tdc bench fsdp' and 'tdc bench checkpoint' only");
+  if (name != "checkpoint" && (a.get("mb") || a.get("dir")))
+    throw UsageError("bench: --mb and --dir are options of 'tdc bench checkpoint' only");
   if (name == "fsdp") return bench_fsdp(a, build, out, repeat);
+  if (name == "checkpoint") return bench_checkpoint(a, build, out, repeat);
 
   int status = kExitOk;
   std::optional<json> j = run_benchmark(build, "tdc_bench_" + name, out, repeat, &status);
