@@ -173,6 +173,8 @@ void remove_tree(const std::string& path) {
   fs::remove_all(path, ec);
 }
 
+std::string staging_path(const std::string& dir, const std::string& id) { return sibling(dir, "staging", id); }
+
 std::string prepare_save(const std::string& dir, const std::string& id, bool replace_existing) {
   std::error_code ec;
   if (fs::exists(dir, ec)) {
@@ -205,7 +207,7 @@ std::string prepare_save(const std::string& dir, const std::string& id, bool rep
   fs::create_directories(parent_of(dir), ec);  // like DCP, a save creates the path to DIR
   if (ec)
     throw CheckpointError(fmt::format("cannot create '{}' for checkpoint '{}': {}", parent_of(dir), dir, ec.message()));
-  const std::string staging = sibling(dir, "staging", id);
+  const std::string staging = staging_path(dir, id);
   if (::mkdir(staging.c_str(), 0755) != 0) throw CheckpointError(sys_error("cannot create staging directory", staging));
   write_file_synced((fs::path(staging) / kInProgressName).string(), "tdc save in progress\n");
   fsync_dir(parent_of(dir));

@@ -65,6 +65,8 @@ void remove_tree(const std::string& path);  // best effort
 // checkpoint is never replaced; a tdc checkpoint only when `replace_existing`), creates the
 // staging directory with its marker, returns the staging path. finish: manifest, marker removal,
 // swap, cleanup ([Note: atomic save]).
+// The staging directory of save `id` next to `dir` (every rank computes the same path).
+std::string staging_path(const std::string& dir, const std::string& id);
 std::string prepare_save(const std::string& dir, const std::string& id, bool replace_existing);
 void finish_save(const std::string& dir, const std::string& staging, const std::string& id, const Manifest& manifest);
 

@@ -152,9 +152,18 @@ void check_coverage(const Checkpoint& ck, const std::string& key, const std::vec
 // Reads `value`'s part of `key` into a new CPU tensor shaped like its local tensor.
 at::Tensor read_entry(const Checkpoint& ck, const std::string& key, const Value& value) {
   const at::Tensor& local = local_tensor(value);
+  const std::vector<detail::Box> boxes = detail::local_boxes(value);
+  // The same layout as saved (a resume): one chunk is exactly the local tensor, read as it is.
+  if (boxes.size() == 1) {
+    for (const auto& r : ck.chunks.at(key)) {
+      if (r.chunk->offsets == boxes[0].offsets && r.chunk->shape == boxes[0].sizes && r.chunk->numel() > 0) {
+        return detail::read_rows(*r.file, *r.chunk, 0, r.chunk->shape.empty() ? 1 : r.chunk->shape[0]);
+      }
+    }
+  }
   at::Tensor staged = at::empty(local.sizes(), at::TensorOptions().dtype(local.scalar_type()));
   std::map<const ChunkHeader*, at::Tensor> whole;  // chunks read whole (checksummed), by chunk
-  for (const detail::Box& box : detail::local_boxes(value)) {
+  for (const detail::Box& box : boxes) {
     for (const auto& r : ck.chunks.at(key)) {
       const ChunkHeader& c = *r.chunk;
       if (c.numel() == 0) continue;

@@ -636,7 +636,7 @@ uint64_t write_file(const std::string& path, const std::vector<WriteItem>& items
     const std::string key = json_string(items[i].key, path, "a tensor key");
     const std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
     const uint64_t bytes = t.nbytes();
-    const std::string sum = checksum_hex(checksum64(t.data_ptr(), bytes));
+    const std::string sum = checksum_hex(items[i].checksum ? *items[i].checksum : checksum64(t.data_ptr(), bytes));
     info +=
         fmt::format("{}{}: {{\"saved_offsets\": {}, \"global_shape\": {}, \"checksum\": \"{}\"}}", i == 0 ? "" : ", ",
                     key, int_list(items[i].offsets, ", "), int_list(items[i].global_shape, ", "), sum);

@@ -38,8 +38,13 @@ using detail::Box;
 struct KeyPlan {
   std::string dtype;
   std::vector<int64_t> shape;
-  // Distinct boxes (offsets, sizes) and the rank that writes each.
-  std::vector<std::pair<Box, int>> writers;
+  // Distinct boxes (offsets, sizes), the rank that writes each and the checksum of its bytes.
+  struct Writer {
+    Box box;
+    int rank;
+    uint64_t checksum;
+  };
+  std::vector<Writer> writers;
 };
 
 at::Tensor chunk_of(const Value& value, const Box& box);
@@ -140,7 +145,7 @@ std::map<std::string, KeyPlan> plan(const std::vector<nlohmann::json>& ranks) {
       bytes[writer] += b.numel() * item;
       covered += b.numel();
       distinct.push_back(b);
-      kp.writers.emplace_back(b, writer);
+      kp.writers.push_back({b, writer, who.front().second});
       if (total == 0) break;  // one empty chunk records the key
     }
     if (covered != total) {
@@ -151,17 +156,17 @@ std::map<std::string, KeyPlan> plan(const std::vector<nlohmann::json>& ranks) {
   return out;
 }
 
-// The files each rank writes: rank -> file index -> (key, box).
-using FilePlan = std::map<int, std::vector<std::vector<std::pair<std::string, Box>>>>;
+// The files each rank writes: rank -> file index -> (key, what to write).
+using FilePlan = std::map<int, std::vector<std::vector<std::pair<std::string, KeyPlan::Writer>>>>;
 FilePlan files_of(const std::map<std::string, KeyPlan>& plans) {
   FilePlan out;
   for (const auto& [key, kp] : plans) {
     std::map<int, int> per_rank;
-    for (const auto& [box, writer] : kp.writers) {
-      auto& files = out[writer];
-      const int index = per_rank[writer]++;
+    for (const auto& w : kp.writers) {
+      auto& files = out[w.rank];
+      const int index = per_rank[w.rank]++;
       if (static_cast<int>(files.size()) <= index) files.resize(index + 1);
-      files[index].emplace_back(key, box);
+      files[index].emplace_back(key, w);
     }
   }
   return out;
@@ -183,12 +188,6 @@ at::Tensor chunk_of(const Value& value, const Box& box) {
   throw std::logic_error("tdc::checkpoint::save: a planned box is not one of this rank's boxes");
 }
 
-std::string random_id(const comm::GroupPtr& group) {
-  std::random_device rd;
-  const std::string mine = fmt::format("{:08x}{:08x}", rd(), rd());
-  return detail::all_gather_strings(mine, group).front();
-}
-
 // Runs `step`; its exception becomes this rank's error for the next agree().
 template <class F>
 std::optional<std::string> attempt(F&& step) {
@@ -202,16 +201,28 @@ std::optional<std::string> attempt(F&& step) {
 
 // The plan every rank computes from every rank's description ([Note: the save plan]).
 struct SavePlan {
+  std::string id;                     // names the staging directory
   std::vector<nlohmann::json> ranks;  // every rank's describe()
   std::map<std::string, KeyPlan> keys;
   FilePlan files;
 };
 
+// One exchange: every rank's description (or its error) and rank 0's id for the staging name.
 SavePlan plan_collectively(const StateDict& state_dict, const comm::GroupPtr& group) {
   nlohmann::json mine;
-  detail::agree("checkpoint save", attempt([&] { mine = describe(state_dict); }), "", group);
+  if (auto error = attempt([&] { mine = describe(state_dict); })) mine = {{"error", *error}};
+  std::random_device rd;
+  mine["id"] = fmt::format("{:08x}{:08x}", rd(), rd());
   SavePlan p;
   for (const auto& s : detail::all_gather_strings(mine.dump(), group)) p.ranks.push_back(nlohmann::json::parse(s));
+  for (size_t r = 0; r < p.ranks.size(); ++r) {
+    if (p.ranks[r].contains("error")) {
+      const std::string msg = p.ranks[r]["error"].get<std::string>();
+      throw CheckpointError(p.ranks.size() > 1 ? fmt::format("checkpoint save: rank {}: {}", r, msg)
+                                               : fmt::format("checkpoint save: {}", msg));
+    }
+  }
+  p.id = p.ranks[0]["id"].get<std::string>();
   p.keys = plan(p.ranks);
   p.files = files_of(p.keys);
   return p;
@@ -223,8 +234,8 @@ void write_rank_files(const StateDict& state_dict, const SavePlan& p, int rank, 
   const int count = static_cast<int>(it->second.size());
   for (int index = 0; index < count; ++index) {
     std::vector<detail::WriteItem> items;
-    for (const auto& [key, box] : it->second[index]) {
-      items.push_back({key, chunk_of(state_dict.at(key), box), box.offsets, p.keys.at(key).shape});
+    for (const auto& [key, w] : it->second[index]) {
+      items.push_back({key, chunk_of(state_dict.at(key), w.box), w.box.offsets, p.keys.at(key).shape, w.checksum});
     }
     detail::write_file((fs::path(staging) / detail::shard_file_name(rank, index, count)).string(), items);
   }
@@ -255,12 +266,11 @@ void save(const StateDict& state_dict, const std::string& dir, const SaveOptions
   const SavePlan p = plan_collectively(state_dict, group);
 
   // Rank 0 checks DIR and creates the staging directory ([Note: atomic save]).
-  const std::string id = random_id(group);
-  std::string staging;
-  detail::agree("checkpoint save",
-                attempt([&] { staging = rank == 0 ? detail::prepare_save(dir, id, options.replace_existing) : ""; }),
+  const std::string id = p.id, staging = detail::staging_path(dir, id);
+  detail::agree("checkpoint save", attempt([&] {
+                  if (rank == 0) detail::prepare_save(dir, id, options.replace_existing);
+                }),
                 "", group);
-  staging = detail::all_gather_strings(staging, group).front();
 
   // After a failure anywhere, rank 0 removes the staging directory (DIR is untouched until the
   // swap) and every rank throws.

@@ -89,6 +89,7 @@ struct WriteItem {
   at::Tensor data;
   std::vector<int64_t> offsets;
   std::vector<int64_t> global_shape;
+  std::optional<uint64_t> checksum;  // checksum64 of data's bytes when the caller has it (else computed)
 };
 
 // Writes one file as PyTorch's writer does: header padded with spaces so that 8 + N is a multiple
