@@ -8,13 +8,9 @@ import argparse
 import json
 import sys
 
-try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-except ImportError as e:
-    sys.exit(f"checkpoint_plot.py: matplotlib is missing ({e}): run ./tdc setup, or "
-             f"{sys.executable} -m pip install matplotlib")
+from bench_common import import_pyplot  # noqa: E402
+
+plt = import_pyplot("checkpoint_plot.py")
 
 PANELS = [  # (title, [(key in the case, label, colour, hatch)], ratios: (key, label, target))
     ("save", [("tdc_save_mb_s", "tdc", "#1565c0", None),

@@ -42,6 +42,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
+from bench_common import write_json  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
@@ -265,14 +266,7 @@ def main():
         "started_at": started_at,
         "duration_s": time.perf_counter() - start,
     }
-    parent = os.path.dirname(os.path.abspath(a.out))
-    os.makedirs(parent, exist_ok=True)
-    tmp_out = f"{a.out}.tmp.{os.getpid()}"
-    with open(tmp_out, "w") as f:
-        json.dump(out, f, indent=2)
-        f.write("\n")
-    os.replace(tmp_out, a.out)
-    print(f"-> {a.out}", file=sys.stderr)
+    write_json(a.out, out)
 
 
 if __name__ == "__main__":

@@ -9,13 +9,9 @@ import argparse
 import json
 import sys
 
-try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-except ImportError as e:
-    sys.exit(f"fsdp_plot.py: matplotlib is missing ({e}): run ./tdc setup, or "
-             f"{sys.executable} -m pip install matplotlib")
+from bench_common import import_pyplot  # noqa: E402
+
+plt = import_pyplot("fsdp_plot.py")
 
 SERIES = [  # (key in the case, label, colour)
     ("single_step_ms", "single process (tdc)", "#9e9e9e"),
