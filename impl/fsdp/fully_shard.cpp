@@ -92,6 +92,14 @@ void FSDPModule::set_modules_to_backward_prefetch(const std::vector<nn::Module*>
   state_->set_backward_prefetch(modules);
 }
 void FSDPModule::set_is_last_backward(bool on) { state_->is_last_backward = on; }
+
+void FSDPModule::finish_gradient_accumulation() {
+  state_->check_user_control("finish_gradient_accumulation()");
+  for (auto& s : states_in(state_->module())) {
+    s->group().reduce_unsynced_grads();
+    s->group().finish_and_reshard();
+  }
+}
 bool FSDPModule::is_last_backward() const { return state_->is_last_backward; }
 
 }  // namespace tdc::fsdp

@@ -184,9 +184,11 @@ void FSDPParam::set_substitutes(const at::Tensor& unsharded) const {
 
 // ------------------------------------------------------------------ gradients
 
-void FSDPParam::accumulate_unsynced_grad(const at::Tensor& grad) {
+void FSDPParam::accumulate_unsynced_grad(const at::Tensor& grad, std::optional<at::ScalarType> reduce_dtype) {
   if (!grad.defined()) return;
-  grad_accum_ = grad_accum_.defined() ? grad_accum_ + grad : grad.detach().clone();
+  at::Tensor g = grad.detach();
+  if (reduce_dtype && g.scalar_type() != *reduce_dtype) g = g.to(*reduce_dtype);
+  grad_accum_ = grad_accum_.defined() ? grad_accum_ + g : g.clone();
 }
 
 at::Tensor FSDPParam::take_grad_to_reduce(const at::Tensor& grad) {

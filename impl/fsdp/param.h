@@ -81,8 +81,9 @@ class FSDPParam {
   void set_substitutes(const at::Tensor& unsharded) const;
 
   // ---------------------------------------------------------------- gradients
-  // no_sync: keeps the unsharded gradient for the next synced backward.
-  void accumulate_unsynced_grad(const at::Tensor& grad);
+  // no_sync: keeps the unsharded gradient for the next synced backward, in the reduce dtype when
+  // one is set (as PyTorch's unsharded_accumulated_grad: bf16 microbatch gradients add up in fp32).
+  void accumulate_unsynced_grad(const at::Tensor& grad, std::optional<at::ScalarType> reduce_dtype);
   // The gradient to reduce (this backward's plus the kept one; undefined if neither).
   at::Tensor take_grad_to_reduce(const at::Tensor& grad);
   bool has_unsynced_grad() const { return grad_accum_.defined(); }

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <variant>
 
+#include <ATen/core/grad_mode.h>
+
 namespace tdc::fsdp {
 
 ParamGroup::ParamGroup(std::vector<FSDPParam> params, MeshInfo mesh_info, const FullyShardOptions& options)
@@ -72,10 +74,26 @@ void ParamGroup::check_unmodified(const char* when) const {
 std::vector<at::Tensor> ParamGroup::reduce_grads(const std::vector<at::Tensor>& grads) {
   check_unmodified("backward");
   if (!requires_gradient_sync) {
-    for (size_t i = 0; i < params_.size(); ++i) params_[i].accumulate_unsynced_grad(grads[i]);
+    for (size_t i = 0; i < params_.size(); ++i) params_[i].accumulate_unsynced_grad(grads[i], mp_.reduce_dtype);
     return std::vector<at::Tensor>(params_.size());
   }
   return foreach_reduce(params_, grads, mesh_info_, mp_.reduce_dtype, checks_);
+}
+
+void ParamGroup::reduce_unsynced_grads() {
+  if (std::none_of(params_.begin(), params_.end(), [](const FSDPParam& p) { return p.has_unsynced_grad(); })) return;
+  const std::vector<at::Tensor> none(params_.size());
+  std::vector<at::Tensor> shard_grads = foreach_reduce(params_, none, mesh_info_, mp_.reduce_dtype, checks_);
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!shard_grads[i].defined()) continue;
+    at::Tensor& grad = params_[i].sharded().mutable_grad();
+    if (grad.defined()) {
+      grad.add_(shard_grads[i]);
+    } else {
+      grad = shard_grads[i];
+    }
+  }
 }
 
 }  // namespace tdc::fsdp

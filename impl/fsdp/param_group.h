@@ -59,6 +59,8 @@ class ParamGroup {
   }
   void clear_pending_nodes() { pending_nodes_ = 0; }
   void check_unmodified(const char* when) const;
+  // Outside backward: reduces the gradients kept by no_sync and adds them to the shards' .grad.
+  void reduce_unsynced_grads();
 
   // ---------------------------------------------------------------- knobs (FSDPModule setters)
   bool reshard_after_forward = true;

@@ -1,6 +1,8 @@
 // FSDPState (state.h): hooks, lazy init of the root, prefetch, TrainingState; the registry.
 #include "state.h"
 
+#include "tdc/fsdp/testing.h"
+
 #include <mutex>
 #include <unordered_map>
 
@@ -233,6 +235,16 @@ void FSDPState::check_user_control(const char* action) const {
                           "Idle outside forward and backward (FSDP's hooks own the parameters there; "
                           "prefetch with set_modules_to_backward_prefetch)");
   }
+}
+
+ShardedCounts sharded_counts(const nn::Module& root) {
+  ShardedCounts counts;
+  for (auto& s : states_in(root)) {
+    const int n = static_cast<int>(s->group().params().size());
+    counts.params += n;
+    if (s->group().sharded_state() == ShardedState::Unsharded) counts.unsharded += n;
+  }
+  return counts;
 }
 
 }  // namespace tdc::fsdp

@@ -137,6 +137,13 @@ class FSDPModule {
   // so it is recorded (is_last_backward()) and changes nothing.
   void set_is_last_backward(bool is_last_backward);
   bool is_last_backward() const;
+  // Ends gradient accumulation from outside backward, for every fully_shard'ed module in this
+  // module's subtree: the unsharded gradients kept while requires_gradient_sync was false are
+  // reduce-scattered (in the reduce dtype) and added to the shards' .grad, and every group is
+  // resharded. What PyTorch's pipelining does at REDUCE_GRAD by calling each parameter group's
+  // post_backward and the root's final callback. Collective over the data-parallel mesh; outside
+  // forward and backward only (throws like unshard()).
+  void finish_gradient_accumulation();
 
  private:
   friend FSDPModule fully_shard(nn::Module&, const FullyShardOptions&);

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "tdc/nn/module.h"
+
 namespace tdc::fsdp {
 
 // Per calling thread (rank): live unsharded parameter bytes now, and the peak since reset.
@@ -14,5 +16,13 @@ struct MemoryStats {
 };
 MemoryStats memory_stats();
 void reset_peak_memory_stats();
+
+// The parameters of every fully_shard'ed module under `root` (itself included) and how many of
+// them are unsharded now (PyTorch's tests count FSDPParam.sharded_state == UNSHARDED).
+struct ShardedCounts {
+  int params = 0;
+  int unsharded = 0;
+};
+ShardedCounts sharded_counts(const nn::Module& root);
 
 }  // namespace tdc::fsdp
