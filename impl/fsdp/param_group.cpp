@@ -91,7 +91,8 @@ void ParamGroup::reduce_unsynced_grads() {
     if (grad.defined()) {
       grad.add_(shard_grads[i]);
     } else {
-      grad = shard_grads[i];
+      // A view of the reduce-scatter output would refuse the optimizer's zero_grad (detach_).
+      grad = shard_grads[i].is_view() ? shard_grads[i].clone() : shard_grads[i];
     }
   }
 }

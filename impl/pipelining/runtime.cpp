@@ -108,6 +108,9 @@ void PipelineScheduleRuntime::check_lists_before_step() {
 
 namespace {
 
+// Splits on dim 0 into n equal microbatches. Uneven splits are refused here, before any stage
+// sends: the receive buffers have the shape of microbatch 0 (PyTorch would fail later, or
+// mismatch buffers silently: pytorch#126600).
 std::vector<nn::Tensors> split_microbatches(const nn::Tensors& tensors, int n, const char* what) {
   std::vector<nn::Tensors> chunks(n);
   for (const auto& t : tensors) {
@@ -116,6 +119,12 @@ std::vector<nn::Tensors> split_microbatches(const nn::Tensors& tensors, int n, c
           "pipeline schedule: cannot split the {} of shape [{}] into {} microbatches along dim 0 (needs at least {} "
           "rows)",
           what, fmt::join(t.sizes(), ", "), n, n));
+    }
+    if (t.size(0) % n != 0) {
+      throw std::invalid_argument(fmt::format(
+          "pipeline schedule: the {} of shape [{}] does not split evenly into {} microbatches along dim 0 ({} rows); "
+          "every microbatch must have the same shape (the stages' receive buffers are sized by the first)",
+          what, fmt::join(t.sizes(), ", "), n, t.size(0)));
     }
     auto parts = at::tensor_split(t, n, 0);
     for (int i = 0; i < n; ++i) chunks[i].push_back(parts[i]);

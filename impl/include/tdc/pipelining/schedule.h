@@ -43,7 +43,7 @@ class PipelineScheduleRuntime {
   virtual ~PipelineScheduleRuntime();
 
   // One step. inputs: the whole batch (first stage's rank only; split on dim 0 into
-  // n_microbatches chunks, first chunks larger when uneven). target: the last stage's rank only.
+  // n_microbatches equal chunks; an uneven split is refused). target: the last stage's rank only.
   // losses (optional): filled with the per-microbatch losses on the last stage's rank. Returns the
   // last stage's outputs concatenated on dim 0 (empty on other ranks).
   nn::Tensors step(const nn::Tensors& inputs = {}, const at::Tensor& target = {},
