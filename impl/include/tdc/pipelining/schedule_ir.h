@@ -4,7 +4,7 @@
 //
 //   auto order = compute_order(ScheduleKind::Interleaved1F1B, {.pp = 2, .stages_per_rank = 2, .n_microbatches = 8});
 //   ActionLists lists = lower(order, 8);        // UNSHARD/RESHARD, REDUCE_GRAD, SEND/RECV
-//   validate_comms(lists, stage_to_rank_of(order), 8);   // FIFO per peer, matched, deadlock-free
+//   validate_comms(lists, loop_placement(2, 4), 4, 8);   // FIFO per peer, matched, deadlock-free
 //
 // Every list here is identical, string for string, to what PyTorch 2.13 computes for the same
 // schedule and shape (tests/golden: the venv's PyTorch generates them live). Where PyTorch's own
@@ -105,8 +105,7 @@ StageToRank loop_placement(int pp, int num_stages);
 // ------------------------------------------------------------------ lowering (in PyTorch's order)
 
 // 1. UNSHARD/RESHARD: keep the next `max_active_stages` distinct stages unsharded (drops bubbles).
-std::vector<Action> add_unshard_reshard(const std::vector<std::optional<Action>>& compute,
-                                        int max_active_stages = 3);
+std::vector<Action> add_unshard_reshard(const std::vector<std::optional<Action>>& compute, int max_active_stages = 3);
 // 2. REDUCE_GRAD right after a stage's n_microbatches-th B or W (drops bubbles).
 std::vector<Action> add_reduce_grad(const std::vector<std::optional<Action>>& actions, int n_microbatches);
 std::vector<Action> add_reduce_grad(const std::vector<Action>& actions, int n_microbatches);
@@ -137,7 +136,9 @@ ActionLists lower(const ComputeOrder& order, int n_microbatches);
 //     the error names each blocked rank, its action and the peer it waits for;
 //   - RESHARD only after UNSHARD, no UNSHARD twice, no compute on a stage that is not unsharded when
 //     the stage's list uses UNSHARD at all;
-//   - every stage of a rank's list lives on that rank.
+//   - every stage of a rank's list lives on that rank;
+//   - a SEND follows the compute that produces its tensor, and REDUCE_GRAD follows the stage's
+//     n_microbatches-th backward (B or W).
 // Throws ScheduleError naming the rank, the step, the action and the peer.
 void validate_comms(const ActionLists& lists, const StageToRank& stage_to_rank, int num_stages, int n_microbatches);
 
