@@ -138,7 +138,8 @@ ActionLists lower(const ComputeOrder& order, int n_microbatches);
 //     the stage's list uses UNSHARD at all;
 //   - every stage of a rank's list lives on that rank;
 //   - a SEND follows the compute that produces its tensor, and REDUCE_GRAD follows the stage's
-//     n_microbatches-th backward (B or W).
+//     n_microbatches-th backward (B or W) when the list has backwards for the stage at all (a
+//     forward-only list may reduce: FSDP's final post-backward reshards).
 // Throws ScheduleError naming the rank, the step, the action and the peer.
 void validate_comms(const ActionLists& lists, const StageToRank& stage_to_rank, int num_stages, int n_microbatches);
 
