@@ -1,9 +1,10 @@
-// `tdc bench harness` / `tdc bench ddp` / `tdc bench fsdp` / `tdc bench checkpoint`: runs a
-// benchmark binary (tdc_bench_harness, tdc_bench_ddp, tdc_bench_fsdp, tdc_bench_checkpoint:
-// separate binaries so that their forks start from a clean process) and prints its numbers (the
-// harness's against their targets). fsdp and checkpoint also run the PyTorch side
-// (bench/pytorch/<name>_pytorch.py, the venv's python), merge both into one JSON and plot it
-// (bench/pytorch/<name>_plot.py -> the JSON's name with .png).
+// `tdc bench harness` / `tdc bench ddp` / `tdc bench fsdp` / `tdc bench checkpoint` / `tdc bench
+// pipelining`: runs a benchmark binary (tdc_bench_harness, tdc_bench_ddp, tdc_bench_fsdp,
+// tdc_bench_checkpoint, tdc_bench_pipelining: separate binaries so that their forks start from a
+// clean process) and prints its numbers (the harness's against their targets). fsdp, checkpoint
+// and pipelining also run the PyTorch side (bench/pytorch/<name>_pytorch.py, the venv's python),
+// merge both into one JSON and plot it (bench/pytorch/<name>_plot.py -> the JSON's name with .png).
+// The helpers they share are declared in bench_support.h; pipelining's merge is bench_pipelining.cpp.
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bench_support.h"
 #include "cli.h"
 #include "process.h"
 
@@ -23,20 +25,21 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-namespace {
+namespace bench {
 
 const std::vector<OptionSpec> kBenchOptions = {
     {"out", "FILE", "where the benchmark writes its JSON (default results/bench-NAME.json)"},
     {"repeat", "N",
      "harness: timed launches per case and launcher (default 20; the smoke test "
-     "uses 3); ddp, fsdp: timed steps per case (default 10); checkpoint: timed "
-     "save/load calls per case, the best counts (default 3)"},
+     "uses 3); ddp, fsdp, pipelining: timed steps per case (default 10); checkpoint: "
+     "timed save/load calls per case, the best counts (default 3)"},
     {"build-dir", "DIR", "build directory (default $TDC_BUILD)"},
     {"rounds", "N",
-     "fsdp, checkpoint: rounds of (tdc side, PyTorch side), order alternating; fsdp's "
-     "figures are medians over rounds (default 3), checkpoint's the best (default 2)"},
+     "fsdp, checkpoint, pipelining: rounds of (tdc side, PyTorch side), order alternating; "
+     "fsdp's and pipelining's figures are medians over rounds (default 3), checkpoint's the best "
+     "(default 2)"},
     {"python", "PY",
-     "fsdp, checkpoint: the python with torch 2.13 and matplotlib (checkpoint: and "
+     "fsdp, checkpoint, pipelining: the python with torch 2.13 and matplotlib (checkpoint: and "
      "safetensors) (default $TDC_VENV/bin/python, else SOURCE/.venv/bin/python)"},
     {"mb", "MB", "checkpoint: MB (10^6 bytes) of float32 tensor data in the state dict (default 256)"},
     {"dir", "DIR",
@@ -48,7 +51,8 @@ constexpr const char* kBenchUsage =
     "usage: tdc bench harness [--out FILE] [--repeat N]\n"
     "       tdc bench ddp [--out FILE] [--repeat N]\n"
     "       tdc bench fsdp [--out FILE] [--repeat N] [--rounds R] [--python PY]\n"
-    "       tdc bench checkpoint [--out FILE] [--repeat N] [--rounds R] [--mb MB] [--dir DIR] [--python PY]\n\n"
+    "       tdc bench checkpoint [--out FILE] [--repeat N] [--rounds R] [--mb MB] [--dir DIR] [--python PY]\n"
+    "       tdc bench pipelining [--out FILE] [--repeat N] [--rounds R] [--python PY]\n\n"
     "harness: times tdc::harness::launch() for 4-rank tests (cases 'empty' and 'all_reduce',\n"
     "launchers fork and thread): wall time per test including process/thread start, rendezvous,\n"
     "body and teardown. JSON: docs/results-schema.md, 'Harness benchmark'.\n"
@@ -66,6 +70,11 @@ constexpr const char* kBenchUsage =
     "Shard(0), uneven rows) at world sizes 2 and 4, and the disk's sequential write and read\n"
     "bandwidth (dd) in the same directory; loads read files dropped from the page cache. Writes\n"
     "the JSON and a PNG plot next to it. JSON: docs/results-schema.md, 'Checkpoint benchmark'.\n"
+    "pipelining: step time of tdc's pipeline schedules against PyTorch 2.13's torch.distributed.\n"
+    "pipelining (same 8-layer MLP, batch, placement and step) for GPipe, 1F1B, Interleaved1F1B,\n"
+    "LoopedBFS and InterleavedZeroBubble at pp 2 and 4 (plain stages, world = pp; multi-stage\n"
+    "schedules 2 stages per rank), with each schedule's bubble fraction. Writes the JSON and a PNG\n"
+    "plot next to it. JSON: docs/results-schema.md, 'Pipelining benchmark'.\n"
     "All show progress, write JSON and print a table.\n\n"
     "Options:\n";
 
@@ -82,7 +91,7 @@ double number_at(const json& j, const fs::path& file, const std::string& key) {
 // failed).
 std::optional<json> run_benchmark(const fs::path& build, const std::string& binary, const fs::path& out,
                                   std::optional<int> repeat, int* exit_status,
-                                  const std::vector<std::string>& extra_args = {}) {
+                                  const std::vector<std::string>& extra_args) {
   fs::path exe = build / binary;
   if (!fs::exists(exe))
     throw UsageError(fmt::format("benchmark binary '{}' does not exist: build it (ninja -C {} {})", exe.string(),
@@ -334,13 +343,6 @@ ojson combine_rounds(const std::vector<ojson>& rounds) {
   return out;
 }
 
-// What a benchmark with a PyTorch side needs, checked before the (long) tdc run: the venv's python
-// (--python, else $TDC_VENV/bin/python, else SOURCE/.venv/bin/python) and the two scripts
-// bench/pytorch/<name>_pytorch.py and <name>_plot.py.
-struct PythonSide {
-  fs::path python, runner, plotter;
-};
-
 PythonSide python_side(const ParsedArgs& a, const fs::path& build, const std::string& name) {
   fs::path source = resolve_source_dir(build);
   fs::path python;
@@ -378,15 +380,6 @@ void write_merged(const fs::path& out, const ojson& merged) {
   if (!o) throw std::runtime_error(fmt::format("cannot write '{}'", tmp.string()));
   fs::rename(tmp, out);
 }
-
-// Removes the per-side temp files of a merged benchmark, whatever happens.
-struct Cleanup {
-  std::vector<fs::path> files;
-  ~Cleanup() {
-    std::error_code ec;
-    for (const auto& f : files) fs::remove(f, ec);
-  }
-};
 
 int bench_fsdp(const ParsedArgs& a, const fs::path& build, const fs::path& out, std::optional<int> repeat) {
   const auto [python, runner, plotter] = python_side(a, build, "fsdp");
@@ -678,30 +671,34 @@ int bench_checkpoint(const ParsedArgs& a, const fs::path& build, const fs::path&
   return print_checkpoint(merged, out, png);
 }
 
-}  // namespace
+}  // namespace bench
 
 int bench_command(const std::vector<std::string>& args) {
+  using namespace bench;
   ParsedArgs a = parse_args("bench", kBenchOptions, args, true);
   if (a.help || a.positional.empty()) {
     fmt::print("{}{}", kBenchUsage, format_options(kBenchOptions));
     return a.help ? kExitOk : kExitUsage;
   }
   const std::string name = a.positional.size() == 1 ? a.positional[0] : "";
-  if (name != "harness" && name != "ddp" && name != "fsdp" && name != "checkpoint")
-    throw UsageError(fmt::format("bench: unknown benchmark '{}' (available: harness, ddp, fsdp, checkpoint)",
-                                 fmt::join(a.positional, " ")));
+  if (name != "harness" && name != "ddp" && name != "fsdp" && name != "checkpoint" && name != "pipelining")
+    throw UsageError(
+        fmt::format("bench: unknown benchmark '{}' (available: harness, ddp, fsdp, checkpoint, pipelining)",
+                    fmt::join(a.positional, " ")));
   fs::path build = resolve_build_dir(a.get("build-dir"));
   fs::path out = fs::absolute(a.get("out").value_or(fmt::format("results/bench-{}.json", name)));
   std::optional<int> repeat;
   if (auto v = a.get("repeat")) repeat = parse_positive_int("bench", "repeat", *v);
   if (name == "harness" && !repeat) repeat = 20;
 
-  if (name != "fsdp" && name != "checkpoint" && (a.get("python") || a.get("rounds")))
-    throw UsageError("bench: --python and --rounds are options of 'tdc bench fsdp' and 'tdc bench checkpoint' only");
+  if (name != "fsdp" && name != "checkpoint" && name != "pipelining" && (a.get("python") || a.get("rounds")))
+    throw UsageError(
+        "bench: --python and --rounds are options of 'tdc bench fsdp', 'checkpoint' and 'pipelining' only");
   if (name != "checkpoint" && (a.get("mb") || a.get("dir")))
     throw UsageError("bench: --mb and --dir are options of 'tdc bench checkpoint' only");
   if (name == "fsdp") return bench_fsdp(a, build, out, repeat);
   if (name == "checkpoint") return bench_checkpoint(a, build, out, repeat);
+  if (name == "pipelining") return bench_pipelining(a, build, out, repeat);
 
   int status = kExitOk;
   std::optional<json> j = run_benchmark(build, "tdc_bench_" + name, out, repeat, &status);

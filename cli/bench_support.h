@@ -1,0 +1,59 @@
+// What `tdc bench`'s benchmarks share (defined in bench.cpp): running a benchmark binary and the
+// PyTorch side's python, reading and writing their JSON, medians. The benchmarks with a PyTorch
+// side other than fsdp and checkpoint live in their own files (bench_pipelining.cpp) and use these.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli.h"
+
+namespace tdc::cli::bench {
+
+// Runs `build/binary` with --out/--repeat (and `extra_args`) and returns its parsed JSON output;
+// nullopt with *exit_status set when it failed or was interrupted (throws naming what is missing).
+std::optional<nlohmann::json> run_benchmark(const std::filesystem::path& build, const std::string& binary,
+                                            const std::filesystem::path& out, std::optional<int> repeat,
+                                            int* exit_status, const std::vector<std::string>& extra_args = {});
+
+// Runs a python script to completion (its progress shows); returns the CLI exit status.
+int run_python(const std::vector<std::string>& argv);
+
+// A benchmark's JSON output, keys in file order (throws naming the file when missing or invalid).
+nlohmann::ordered_json read_json(const std::filesystem::path& file);
+
+// j[key] as a number; throws naming the file and `where`.key when missing or not a number.
+double number_in(const nlohmann::ordered_json& j, const std::filesystem::path& file, const std::string& where,
+                 const std::string& key);
+
+double median_of(std::vector<double> v);
+
+// What a benchmark with a PyTorch side needs, checked before the (long) tdc run: the venv's python
+// (--python, else $TDC_VENV/bin/python, else SOURCE/.venv/bin/python) and the two scripts
+// bench/pytorch/<name>_pytorch.py and <name>_plot.py. Throws UsageError naming what is missing.
+struct PythonSide {
+  std::filesystem::path python, runner, plotter;
+};
+PythonSide python_side(const ParsedArgs& a, const std::filesystem::path& build, const std::string& name);
+
+// The merged JSON, atomically (temp name, then rename).
+void write_merged(const std::filesystem::path& out, const nlohmann::ordered_json& merged);
+
+// Removes the per-side temp files of a merged benchmark, whatever happens.
+struct Cleanup {
+  std::vector<std::filesystem::path> files;
+  ~Cleanup() {
+    std::error_code ec;
+    for (const auto& f : files) std::filesystem::remove(f, ec);
+  }
+};
+
+// `tdc bench pipelining` (bench_pipelining.cpp).
+int bench_pipelining(const ParsedArgs& a, const std::filesystem::path& build, const std::filesystem::path& out,
+                     std::optional<int> repeat);
+
+}  // namespace tdc::cli::bench
