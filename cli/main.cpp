@@ -220,7 +220,8 @@ Commands:
   bench    benchmarks: 'tdc bench harness --out FILE' times the harness launchers,
            'tdc bench ddp --out FILE' compares DDP and single-process step times,
            'tdc bench fsdp --out FILE' compares tdc's FSDP2 with PyTorch's fully_shard (+ plot),
-           'tdc bench checkpoint --out FILE' checkpoint save/load MB/s: tdc, PyTorch's DCP, dd (+ plot)
+           'tdc bench checkpoint --out FILE' checkpoint save/load MB/s: tdc, PyTorch's DCP, dd (+ plot),
+           'tdc bench pipelining --out FILE' pipeline step time per schedule: tdc vs PyTorch (+ plot)
   help     'tdc help COMMAND' shows a command's options
   build    (the ./tdc script) install what is missing and build; run nothing
 
