@@ -41,7 +41,8 @@ int train(int rank, int world, const c10::intrusive_ptr<c10d::Store>& store) {
   auto second = std::make_shared<pp::PipelineStage>(make_stage(rank + 2), rank + 2, kStages, c10::kCPU, group);
   auto mse = [](const at::Tensor& y, const at::Tensor& target) { return at::mse_loss(y, target); };
   pp::ScheduleInterleaved1F1B schedule({first.get(), second.get()}, kMicrobatches, mse);
-  std::printf("rank %d runs:\n%s", rank, pp::format_lists({{rank, schedule.pipeline_order_with_comms.at(rank)}}).c_str());
+  std::printf("rank %d runs:\n%s", rank,
+              pp::format_lists({{rank, schedule.pipeline_order_with_comms.at(rank)}}).c_str());
 
   std::vector<at::Tensor> params = first->submod().params();
   for (auto& p : second->submod().params()) params.push_back(p);
@@ -74,7 +75,8 @@ int train(int rank, int world, const c10::intrusive_ptr<c10d::Store>& store) {
 
 int main(int argc, char** argv) {
   namespace fs = std::filesystem;
-  const fs::path dir = argc > 1 ? fs::path(argv[1]) : fs::temp_directory_path() / ("tdc-pp-" + std::to_string(getpid()));
+  const fs::path dir =
+      argc > 1 ? fs::path(argv[1]) : fs::temp_directory_path() / ("tdc-pp-" + std::to_string(getpid()));
   fs::create_directories(dir);
   fs::remove(dir / "store");
   pid_t children[2];

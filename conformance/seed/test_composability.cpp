@@ -65,8 +65,9 @@ struct PipelineUnderTest {
 
 // _build_pp_stage: layers [offset, offset + total/num_stages) of the full model (the same module
 // objects), wrapped by apply_dp.
-void build_pp_stage(PipelineUnderTest& out, const comm::GroupPtr& pp_group, const std::vector<nn::ModulePtr>& full_model,
-                    int total_layers, const ApplyDp& apply_dp, int stage_idx, int num_stages) {
+void build_pp_stage(PipelineUnderTest& out, const comm::GroupPtr& pp_group,
+                    const std::vector<nn::ModulePtr>& full_model, int total_layers, const ApplyDp& apply_dp,
+                    int stage_idx, int num_stages) {
   const int layers_per_stage = total_layers / num_stages;
   ASSERT_EQ(layers_per_stage * num_stages, total_layers) << "layers_per_stage * num_stages != total_layers";
   const int offset = stage_idx * layers_per_stage;
@@ -176,8 +177,9 @@ void test_pp_ddp(ScheduleKind kind) {
   ApplyDp apply_dp = [&](nn::ModulePtr partial_model) -> nn::ModulePtr {
     return std::make_shared<ddp::DistributedDataParallel>(partial_model, dp_mesh.get_group());
   };
-  PipelineUnderTest pp = build_pp_schedule(kind, num_microbatches, pp_group, full_model, total_layers, apply_dp,
-                                           [](const at::Tensor& y, const at::Tensor& t) { return fixtures::loss_fn(y, t); });
+  PipelineUnderTest pp =
+      build_pp_schedule(kind, num_microbatches, pp_group, full_model, total_layers, apply_dp,
+                        [](const at::Tensor& y, const at::Tensor& t) { return fixtures::loss_fn(y, t); });
   if (pp_group->rank() == 0) {
     pp.schedule->step({inputs.local});
   } else {
@@ -302,7 +304,8 @@ void test_pp_fsdp_unshard_reshard_runtime(const std::string& dp_type) {
   auto create_schedule = [](std::vector<ActionType> types, int microbatch_index) {
     pipelining::ActionLists schedule;
     for (ActionType t : types) {
-      schedule[0].push_back(Action{0, t, t == ActionType::Forward ? std::optional<int>(microbatch_index) : std::nullopt});
+      schedule[0].push_back(
+          Action{0, t, t == ActionType::Forward ? std::optional<int>(microbatch_index) : std::nullopt});
     }
     return schedule;
   };
@@ -336,10 +339,10 @@ TDC_DIST_TEST(ComposabilityTestCPU, test_pp_ddp_ScheduleClass2_cpu, .world_size 
   test_pp_ddp(ScheduleKind::InterleavedZeroBubble);
 }
 
-#define TDC_PP_FSDP_TEST(dp, index, kind)                                                                     \
+#define TDC_PP_FSDP_TEST(dp, index, kind)                                                                           \
   TDC_DIST_TEST(ComposabilityTestCPU, test_pp_fsdp_dp_type_##dp##_ScheduleClass##index##_cpu, .world_size = kWorld, \
-                .timeout_s = 120) {                                                                          \
-    test_pp_fsdp(#dp, ScheduleKind::kind);                                                                   \
+                .timeout_s = 120) {                                                                                 \
+    test_pp_fsdp(#dp, ScheduleKind::kind);                                                                          \
   }
 TDC_PP_FSDP_TEST(FSDP, 0, OneFOneB)
 TDC_PP_FSDP_TEST(FSDP, 1, Interleaved1F1B)

@@ -175,8 +175,9 @@ TDC_DIST_TEST(PipelineTraining, parity_over_three_steps_every_schedule_and_dp, .
                                                    "ScheduleLoopedBFS", "ScheduleInterleavedZeroBubble"}),
                     Axis<std::string>("dp", {"DDP", "FSDP", "FSDP_MP"}),
                     [](const std::string& schedule, const std::string& dp) {
-                      train_parity(pipelining::schedule_kind(schedule),
-                                   dp == "DDP" ? Dp::DDP : dp == "FSDP" ? Dp::FSDP : Dp::FSDP_MP);
+                      train_parity(pipelining::schedule_kind(schedule), dp == "DDP"    ? Dp::DDP
+                                                                        : dp == "FSDP" ? Dp::FSDP
+                                                                                       : Dp::FSDP_MP);
                     });
 }
 
@@ -263,10 +264,13 @@ TDC_DIST_TEST(PipelineBadInput, schedules_refuse_microbatch_counts_as_pytorch, .
             "Number of microbatches (1) must be greater than or equal to the number of stages (2).");
   PipelineStage s0(std::make_shared<nn::Sequential>(), ctx().rank, 4, c10::kCPU, comm::default_group());
   PipelineStage s1(std::make_shared<nn::Sequential>(), ctx().rank + 2, 4, c10::kCPU, comm::default_group());
-  EXPECT_EQ(error_of([&] { pipelining::ScheduleInterleaved1F1B({&s0, &s1}, 5, loss); }),
+  EXPECT_EQ(error_of([&] {
+              pipelining::ScheduleInterleaved1F1B({&s0, &s1}, 5, loss);
+            }),
             "Interleaved 1F1B requires the number of microbatches to be a multiple of the number of rounds (2), but "
             "got 5.");
-  EXPECT_THAT(error_of([&] { pipelining::ScheduleGPipe(stage, 0, loss); }), HasSubstr("n_microbatches must be >= 1, got 0"));
+  EXPECT_THAT(error_of([&] { pipelining::ScheduleGPipe(stage, 0, loss); }),
+              HasSubstr("n_microbatches must be >= 1, got 0"));
 }
 
 TDC_DIST_TEST(PipelineBadInput, stages_must_cover_the_pipeline_once, .world_size = 2, .timeout_s = 60) {
@@ -302,8 +306,11 @@ TDC_DIST_TEST(PipelineBadInput, batches_that_do_not_split_stop_every_rank, .worl
       EXPECT_THAT(err, HasSubstr("another pipeline rank refused its step() arguments"));
     }
   }
-  EXPECT_THAT(error_of([&] { ctx().rank == 0 ? schedule.step({at::ones({4, kDim})}) : schedule.step({}); }),
-              HasSubstr(ctx().rank == 1 ? "the last stage's rank must pass the target" : "another pipeline rank refused"));
+  EXPECT_THAT(
+      error_of([&] {
+        ctx().rank == 0 ? schedule.step({at::ones({4, kDim})}) : schedule.step({});
+      }),
+      HasSubstr(ctx().rank == 1 ? "the last stage's rank must pass the target" : "another pipeline rank refused"));
 }
 
 // A module whose output grows on the second step: the sending stage names both shapes. Its peer,
@@ -330,8 +337,9 @@ TDC_DIST_TEST(PipelineBadInput, an_output_shape_that_changes_after_inference, .w
   run();
   std::string err = error_of(run);
   if (ctx().rank == 0) {
-    EXPECT_THAT(err, HasSubstr("PipelineStage 0 (pipeline rank 0 of 2): microbatch 0's output 0 is [1, 20] Float but the "
-                               "first step inferred [1, 10] Float"));
+    EXPECT_THAT(err,
+                HasSubstr("PipelineStage 0 (pipeline rank 0 of 2): microbatch 0's output 0 is [1, 20] Float but the "
+                          "first step inferred [1, 10] Float"));
   } else {
     EXPECT_NE(err, "(no error)");
   }

@@ -37,9 +37,11 @@ void check_stage_list(const std::vector<PipelineStage*>& stages, int n_microbatc
 
 }  // namespace
 
-PipelineScheduleRuntime::PipelineScheduleRuntime(std::vector<PipelineStage*> stages, int n_microbatches,
-                                                 LossFn loss_fn, bool scale_grads)
-    : stages_(std::move(stages)), n_microbatches_(n_microbatches), loss_fn_(std::move(loss_fn)),
+PipelineScheduleRuntime::PipelineScheduleRuntime(std::vector<PipelineStage*> stages, int n_microbatches, LossFn loss_fn,
+                                                 bool scale_grads)
+    : stages_(std::move(stages)),
+      n_microbatches_(n_microbatches),
+      loss_fn_(std::move(loss_fn)),
       scale_grads_(scale_grads) {
   check_stage_list(stages_, n_microbatches_);
   std::sort(stages_.begin(), stages_.end(),
@@ -167,7 +169,8 @@ void PipelineScheduleRuntime::Run::assert_unsharded(PipelineStage::Impl& s) {
     self.unsharded_stages_.insert(s.stage_index);
   }
   if (!self.unsharded_stages_.count(s.stage_index)) {
-    throw ScheduleError(fmt::format("compute on FSDP stage {} while it is sharded (no UNSHARD before it)", s.stage_index));
+    throw ScheduleError(
+        fmt::format("compute on FSDP stage {} while it is sharded (no UNSHARD before it)", s.stage_index));
   }
 }
 
@@ -193,8 +196,12 @@ void PipelineScheduleRuntime::Run::perform(const Action& a) {
   const int mb = a.microbatch.value_or(-1);
   const bool last_stage = a.stage == self.num_stages_ - 1, first_stage = a.stage == 0;
   switch (a.type) {
-    case ActionType::SendF: sends.push_back(s.post_send_activations(mb)); return;
-    case ActionType::SendB: sends.push_back(s.post_send_grads(mb)); return;
+    case ActionType::SendF:
+      sends.push_back(s.post_send_activations(mb));
+      return;
+    case ActionType::SendB:
+      sends.push_back(s.post_send_grads(mb));
+      return;
     case ActionType::RecvF:
       if (!fwd_recvs.emplace(std::pair{a.stage, mb}, s.post_recv_activations(mb)).second) {
         throw ScheduleError(fmt::format("{}: received twice without a forward in between", a.str()));
@@ -208,15 +215,16 @@ void PipelineScheduleRuntime::Run::perform(const Action& a) {
     case ActionType::Unshard:
       if (s.dp != DataParallel::FSDP) return;
       if (self.unsharded_stages_.count(a.stage) || s.fsdp_unshard_pending()) {
-        throw ScheduleError(fmt::format("{}: stage {} is unsharded already (UNSHARD twice without RESHARD)", a.str(),
-                                        a.stage));
+        throw ScheduleError(
+            fmt::format("{}: stage {} is unsharded already (UNSHARD twice without RESHARD)", a.str(), a.stage));
       }
       s.fsdp_unshard_async();
       return;
     case ActionType::Reshard:
       if (s.dp != DataParallel::FSDP) return;
       if (s.fsdp_unshard_pending()) {
-        throw ScheduleError(fmt::format("{}: RESHARD before the stage's UNSHARD finished (no compute between)", a.str()));
+        throw ScheduleError(
+            fmt::format("{}: RESHARD before the stage's UNSHARD finished (no compute between)", a.str()));
       }
       if (!self.unsharded_stages_.erase(a.stage)) {
         throw ScheduleError(fmt::format("{}: RESHARD of stage {} without UNSHARD", a.str(), a.stage));
@@ -265,8 +273,11 @@ void PipelineScheduleRuntime::Run::perform(const Action& a) {
       s.backward(mb, BackwardKind::Weight, last_backward);
       return;
     }
-    case ActionType::ReduceGrad: s.reduce_grad(self.scale_grads_ ? self.n_microbatches_ : 1); return;
-    case ActionType::OverlapFB: return;  // handled above
+    case ActionType::ReduceGrad:
+      s.reduce_grad(self.scale_grads_ ? self.n_microbatches_ : 1);
+      return;
+    case ActionType::OverlapFB:
+      return;  // handled above
   }
 }
 
@@ -286,9 +297,14 @@ nn::Tensors PipelineScheduleRuntime::step(const nn::Tensors& inputs, const at::T
   // every rank stops instead of waiting for a peer that gave up.
   std::string refusal;
   try {
-    if (has_first && inputs.empty()) throw std::invalid_argument("pipeline schedule: the first stage's rank must pass the inputs to step()");
-    if (!has_first && !inputs.empty()) throw std::invalid_argument(fmt::format("pipeline schedule: inputs given to step() on pipeline rank {}, which does not run stage 0", rank_));
-    if (has_last && has_backward && !target.defined()) throw std::invalid_argument("pipeline schedule: the last stage's rank must pass the target to step() (there is a loss_fn)");
+    if (has_first && inputs.empty())
+      throw std::invalid_argument("pipeline schedule: the first stage's rank must pass the inputs to step()");
+    if (!has_first && !inputs.empty())
+      throw std::invalid_argument(fmt::format(
+          "pipeline schedule: inputs given to step() on pipeline rank {}, which does not run stage 0", rank_));
+    if (has_last && has_backward && !target.defined())
+      throw std::invalid_argument(
+          "pipeline schedule: the last stage's rank must pass the target to step() (there is a loss_fn)");
     if (has_first) run.input_chunks = split_microbatches(inputs, n_microbatches_, "input");
     if (has_last && target.defined()) {
       for (auto& c : split_microbatches({target}, n_microbatches_, "target")) run.target_chunks.push_back(c[0]);
@@ -300,11 +316,13 @@ nn::Tensors PipelineScheduleRuntime::step(const nn::Tensors& inputs, const at::T
   comm::all_reduce(refused, comm::ReduceOp::SUM, stages_[0]->group());
   if (!refusal.empty()) throw std::invalid_argument(refusal);
   if (refused.item<int>() > 0) {
-    throw std::invalid_argument("pipeline schedule: another pipeline rank refused its step() arguments (see its error)");
+    throw std::invalid_argument(
+        "pipeline schedule: another pipeline rank refused its step() arguments (see its error)");
   }
   for (PipelineStage* s : stages_) s->impl().begin_step(n_microbatches_, has_backward);
   if (!stages_initialized_) {
-    for (PipelineStage* s : stages_) s->impl().infer_shapes(s->is_first() ? run.input_chunks.at(0) : nn::Tensors{}, stages_);
+    for (PipelineStage* s : stages_)
+      s->impl().infer_shapes(s->is_first() ? run.input_chunks.at(0) : nn::Tensors{}, stages_);
     stages_initialized_ = true;
   }
   const std::vector<Action>& actions = pipeline_order_with_comms.at(rank_);
@@ -312,14 +330,15 @@ nn::Tensors PipelineScheduleRuntime::step(const nn::Tensors& inputs, const at::T
     try {
       run.perform(actions[i]);
     } catch (const ScheduleError& e) {
-      throw ScheduleError(fmt::format("pipeline rank {}, step {}, action {}: {}", rank_, i, actions[i].str(), e.what()));
+      throw ScheduleError(
+          fmt::format("pipeline rank {}, step {}, action {}: {}", rank_, i, actions[i].str(), e.what()));
     }
   }
   for (auto& s : run.sends) s.wait();
   for (PipelineStage* s : stages_) {
     if (s->impl().fsdp_unshard_pending()) {
-      throw ScheduleError(fmt::format("pipeline rank {}: stage {} was UNSHARDed but never used (unused unshard)",
-                                      rank_, s->stage_index()));
+      throw ScheduleError(fmt::format("pipeline rank {}: stage {} was UNSHARDed but never used (unused unshard)", rank_,
+                                      s->stage_index()));
     }
   }
   if (!has_last) return {};
@@ -362,22 +381,25 @@ ScheduleInterleaved1F1B::ScheduleInterleaved1F1B(std::vector<PipelineStage*> sta
     : PipelineScheduleRuntime(stages, n, std::move(loss_fn), scale_grads) {
   set_compute_order(compute_order(ScheduleKind::Interleaved1F1B, shape_of(*this, stages.size())));
 }
-ScheduleInterleavedZeroBubble::ScheduleInterleavedZeroBubble(std::vector<PipelineStage*> stages, int n,
-                                                             LossFn loss_fn, bool scale_grads)
+ScheduleInterleavedZeroBubble::ScheduleInterleavedZeroBubble(std::vector<PipelineStage*> stages, int n, LossFn loss_fn,
+                                                             bool scale_grads)
     : PipelineScheduleRuntime(stages, n, std::move(loss_fn), scale_grads) {
   set_compute_order(compute_order(ScheduleKind::InterleavedZeroBubble, shape_of(*this, stages.size())));
 }
 
-std::unique_ptr<PipelineScheduleRuntime> make_schedule(ScheduleKind kind, std::vector<PipelineStage*> stages,
-                                                       int n, LossFn loss_fn, bool scale_grads) {
+std::unique_ptr<PipelineScheduleRuntime> make_schedule(ScheduleKind kind, std::vector<PipelineStage*> stages, int n,
+                                                       LossFn loss_fn, bool scale_grads) {
   if (is_single_stage(kind) && stages.size() != 1) {
-    throw std::invalid_argument(fmt::format("{} runs exactly one stage per rank, got {}", schedule_name(kind),
-                                            stages.size()));
+    throw std::invalid_argument(
+        fmt::format("{} runs exactly one stage per rank, got {}", schedule_name(kind), stages.size()));
   }
   switch (kind) {
-    case ScheduleKind::GPipe: return std::make_unique<ScheduleGPipe>(*stages[0], n, std::move(loss_fn), scale_grads);
-    case ScheduleKind::OneFOneB: return std::make_unique<Schedule1F1B>(*stages[0], n, std::move(loss_fn), scale_grads);
-    case ScheduleKind::LoopedBFS: return std::make_unique<ScheduleLoopedBFS>(stages, n, std::move(loss_fn), scale_grads);
+    case ScheduleKind::GPipe:
+      return std::make_unique<ScheduleGPipe>(*stages[0], n, std::move(loss_fn), scale_grads);
+    case ScheduleKind::OneFOneB:
+      return std::make_unique<Schedule1F1B>(*stages[0], n, std::move(loss_fn), scale_grads);
+    case ScheduleKind::LoopedBFS:
+      return std::make_unique<ScheduleLoopedBFS>(stages, n, std::move(loss_fn), scale_grads);
     case ScheduleKind::Interleaved1F1B:
       return std::make_unique<ScheduleInterleaved1F1B>(stages, n, std::move(loss_fn), scale_grads);
     case ScheduleKind::InterleavedZeroBubble:

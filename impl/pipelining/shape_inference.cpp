@@ -95,7 +95,8 @@ void PipelineStage::Impl::infer_shapes(const nn::Tensors& first_inputs,
   if (is_first) {
     inputs = first_inputs;
   } else {
-    for (const auto& m : *input_meta) inputs.push_back(at::zeros(m.shape, at::TensorOptions().dtype(m.dtype).device(device)));
+    for (const auto& m : *input_meta)
+      inputs.push_back(at::zeros(m.shape, at::TensorOptions().dtype(m.dtype).device(device)));
   }
   std::vector<TensorMeta> metas;
   {

@@ -16,9 +16,7 @@ namespace tdc::pipelining {
 
 // ------------------------------------------------------------------ small pieces
 
-std::string TensorMeta::str() const {
-  return fmt::format("[{}] {}", fmt::join(shape, ", "), c10::toString(dtype));
-}
+std::string TensorMeta::str() const { return fmt::format("[{}] {}", fmt::join(shape, ", "), c10::toString(dtype)); }
 
 TensorMeta meta_of(const at::Tensor& t) { return TensorMeta{t.sizes().vec(), t.scalar_type(), t.requires_grad()}; }
 
@@ -201,7 +199,8 @@ nn::Tensors PipelineStage::Impl::forward(int mb, const nn::Tensors& chunk, const
   }
   if (stage_index == num_stages - 1 && loss_fn && has_backward) {
     if (!target.defined()) {
-      throw std::invalid_argument(fmt::format("{}: the last stage computes the loss but step() got no target", label()));
+      throw std::invalid_argument(
+          fmt::format("{}: the last stage computes the loss but step() got no target", label()));
     }
     st.loss = loss_fn(outputs.at(0), target);
   }
@@ -240,7 +239,8 @@ void PipelineStage::Impl::backward(int mb, BackwardKind kind, bool last_backward
   if (!has_backward) throw ScheduleError(fmt::format("{}: backward in a schedule without a loss_fn", label()));
   nn::Tensors roots, root_grads;
   if (stage_index == num_stages - 1) {
-    if (!st.loss.defined()) throw ScheduleError(fmt::format("{}: backward of microbatch {} without a loss", label(), mb));
+    if (!st.loss.defined())
+      throw ScheduleError(fmt::format("{}: backward of microbatch {} without a loss", label(), mb));
     roots = {st.loss};
   } else {
     const nn::Tensors& grads = local_grads ? *local_grads : grad_buffers.at(mb);
@@ -287,9 +287,8 @@ void PipelineStage::Impl::backward(int mb, BackwardKind kind, bool last_backward
         throw ScheduleError(fmt::format("{}: W of microbatch {} before its I", label(), mb));
       }
       nn::Tensors params = params_requiring_grad(*submod);
-      run_backward_with_dp(kind, last_backward, [&] {
-        torch::autograd::backward(roots, root_grads, false, false, params);
-      });
+      run_backward_with_dp(kind, last_backward,
+                           [&] { torch::autograd::backward(roots, root_grads, false, false, params); });
       st.backward_done = true;
       break;
     }

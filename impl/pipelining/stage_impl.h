@@ -102,11 +102,11 @@ struct PipelineStage::Impl {
   bool has_backward = true;
   std::optional<std::vector<TensorMeta>> input_meta;   // what this stage receives (non-first)
   std::optional<std::vector<TensorMeta>> output_meta;  // what it sends (non-last)
-  std::vector<nn::Tensors> act_buffers;   // [mb] receive buffers for activations
-  std::vector<nn::Tensors> grad_buffers;  // [mb] receive buffers for output gradients
+  std::vector<nn::Tensors> act_buffers;                // [mb] receive buffers for activations
+  std::vector<nn::Tensors> grad_buffers;               // [mb] receive buffers for output gradients
   std::vector<MicrobatchState> mbs;
   std::vector<fsdp::UnshardHandle> unshard_handles;  // UNSHARD issued, not waited yet
-  StageToRank stage_to_rank;  // set by the schedule (loop placement until then)
+  StageToRank stage_to_rank;                         // set by the schedule (loop placement until then)
 };
 
 }  // namespace tdc::pipelining

@@ -75,7 +75,7 @@ class PipelineScheduleRuntime {
   bool scale_grads_;
   int rank_ = 0, pp_size_ = 1, num_stages_ = 1;
   bool stages_initialized_ = false;
-  ActionLists validated_;       // the lists last checked by validate_comms
+  ActionLists validated_;           // the lists last checked by validate_comms
   std::set<int> unsharded_stages_;  // FSDP stages UNSHARD made active (PyTorch keeps them across steps)
 };
 

@@ -25,8 +25,7 @@ class PipelineStage {
  public:
   // Throws std::invalid_argument naming the value when stage_index is outside [0, num_stages),
   // num_stages < 1, or the module is null.
-  PipelineStage(nn::ModulePtr submod, int stage_index, int num_stages, c10::Device device,
-                comm::GroupPtr group = {});
+  PipelineStage(nn::ModulePtr submod, int stage_index, int num_stages, c10::Device device, comm::GroupPtr group = {});
   ~PipelineStage();
   PipelineStage(const PipelineStage&) = delete;
   PipelineStage& operator=(const PipelineStage&) = delete;
