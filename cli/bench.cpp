@@ -381,6 +381,37 @@ void write_merged(const fs::path& out, const ojson& merged) {
   fs::rename(tmp, out);
 }
 
+std::optional<std::vector<ojson>> run_rounds(const Rounds& spec, const fs::path& build, const PythonSide& py,
+                                             const fs::path& tdc_file, const fs::path& py_file, int* exit_status) {
+  const std::string binary = "tdc_bench_" + spec.name;
+  std::vector<ojson> rounds;
+  for (int r = 1; r <= spec.rounds; ++r) {
+    std::optional<ojson> t, p;
+    auto tdc_side = [&] {
+      fmt::print(stderr, "tdc bench {}: round {}/{}, tdc side ({})\n", spec.name, r, spec.rounds,
+                 (build / binary).string());
+      if (!run_benchmark(build, binary, tdc_file, spec.repeat, exit_status, spec.tdc_args)) return false;
+      t = read_json(tdc_file);
+      return true;
+    };
+    auto py_side = [&] {
+      fmt::print(stderr, "tdc bench {}: round {}/{}, PyTorch side ({} {})\n", spec.name, r, spec.rounds,
+                 py.python.string(), py.runner.string());
+      std::vector<std::string> argv{py.python.string(), py.runner.string(), "--out",
+                                    py_file.string(),   "--repeat",         std::to_string(spec.repeat)};
+      argv.insert(argv.end(), spec.python_args.begin(), spec.python_args.end());
+      *exit_status = run_python(argv);
+      if (*exit_status != kExitOk) return false;
+      p = read_json(py_file);
+      return true;
+    };
+    const bool ok = r % 2 ? (tdc_side() && py_side()) : (py_side() && tdc_side());
+    if (!ok) return std::nullopt;
+    rounds.push_back(spec.merge(*t, tdc_file, *p, py_file));
+  }
+  return rounds;
+}
+
 int bench_fsdp(const ParsedArgs& a, const fs::path& build, const fs::path& out, std::optional<int> repeat) {
   const auto [python, runner, plotter] = python_side(a, build, "fsdp");
   const int n = repeat.value_or(10);
@@ -392,37 +423,20 @@ int bench_fsdp(const ParsedArgs& a, const fs::path& build, const fs::path& out, 
   png.replace_extension(".png");
   Cleanup cleanup{{tdc_file, py_file}};
 
-  // Rounds alternate the order of the two sides (odd rounds: tdc first; even: PyTorch first), so
-  // that a change in the host's load does not always hit the same side; the figures are medians
-  // over rounds.
   int status = kExitOk;
-  std::vector<ojson> rounds;
-  for (int r = 1; r <= n_rounds; ++r) {
-    std::optional<ojson> t, py;
-    auto tdc_side = [&] {
-      fmt::print(stderr, "tdc bench fsdp: round {}/{}, tdc side ({})\n", r, n_rounds,
-                 (build / "tdc_bench_fsdp").string());
-      if (!run_benchmark(build, "tdc_bench_fsdp", tdc_file, n, &status)) return false;
-      t = read_json(tdc_file);
-      return true;
-    };
-    auto py_side = [&] {
-      fmt::print(stderr, "tdc bench fsdp: round {}/{}, PyTorch side ({} {})\n", r, n_rounds, python.string(),
-                 runner.string());
-      status = run_python({python.string(), runner.string(), "--out", py_file.string(), "--repeat", std::to_string(n),
-                           "--warmup", std::to_string(kFsdpWarmup)});
-      if (status != kExitOk) return false;
-      py = read_json(py_file);
-      return true;
-    };
-    bool ok = r % 2 ? (tdc_side() && py_side()) : (py_side() && tdc_side());
-    if (!ok) return status;
-    if (t->value("warmup", -1) != kFsdpWarmup)
-      throw std::runtime_error(
-          fmt::format("tdc_bench_fsdp ran {} warm-up steps, the CLI expects {}", t->value("warmup", -1), kFsdpWarmup));
-    rounds.push_back(merge_fsdp(*t, tdc_file, *py, py_file));
-  }
-  const ojson merged = combine_rounds(rounds);
+  const Rounds spec{.name = "fsdp",
+                    .repeat = n,
+                    .rounds = n_rounds,
+                    .python_args = {"--warmup", std::to_string(kFsdpWarmup)},
+                    .merge = [](const ojson& t, const fs::path& tf, const ojson& py, const fs::path& pf) {
+                      if (t.value("warmup", -1) != kFsdpWarmup)
+                        throw std::runtime_error(fmt::format("tdc_bench_fsdp ran {} warm-up steps, the CLI expects {}",
+                                                             t.value("warmup", -1), kFsdpWarmup));
+                      return merge_fsdp(t, tf, py, pf);
+                    }};
+  const auto rounds = run_rounds(spec, build, {python, runner, plotter}, tdc_file, py_file, &status);
+  if (!rounds) return status;
+  const ojson merged = combine_rounds(*rounds);
   write_merged(out, merged);
   status = run_python({python.string(), plotter.string(), "--json", out.string(), "--png", png.string()});
   if (status != kExitOk) {
@@ -634,34 +648,17 @@ int bench_checkpoint(const ParsedArgs& a, const fs::path& build, const fs::path&
   png.replace_extension(".png");
   Cleanup cleanup{{tdc_file, py_file}};
 
-  // As fsdp: odd rounds tdc side (with dd) first, even rounds PyTorch first.
   int status = kExitOk;
-  std::vector<ojson> rounds;
-  for (int r = 1; r <= n_rounds; ++r) {
-    std::optional<ojson> t, py;
-    auto tdc_side = [&] {
-      fmt::print(stderr, "tdc bench checkpoint: round {}/{}, dd and tdc side ({})\n", r, n_rounds,
-                 (build / "tdc_bench_checkpoint").string());
-      if (!run_benchmark(build, "tdc_bench_checkpoint", tdc_file, n, &status,
-                         {"--mb", std::to_string(mb), "--dir", dir.string()}))
-        return false;
-      t = read_json(tdc_file);
-      return true;
-    };
-    auto py_side = [&] {
-      fmt::print(stderr, "tdc bench checkpoint: round {}/{}, PyTorch side ({} {})\n", r, n_rounds, python.string(),
-                 runner.string());
-      status = run_python({python.string(), runner.string(), "--out", py_file.string(), "--repeat", std::to_string(n),
-                           "--mb", std::to_string(mb), "--dir", dir.string()});
-      if (status != kExitOk) return false;
-      py = read_json(py_file);
-      return true;
-    };
-    bool ok = r % 2 ? (tdc_side() && py_side()) : (py_side() && tdc_side());
-    if (!ok) return status;
-    rounds.push_back(merge_checkpoint(*t, tdc_file, *py, py_file));
-  }
-  const ojson merged = combine_checkpoint_rounds(rounds);
+  const std::vector<std::string> args{"--mb", std::to_string(mb), "--dir", dir.string()};
+  const Rounds spec{.name = "checkpoint",
+                    .repeat = n,
+                    .rounds = n_rounds,
+                    .tdc_args = args,
+                    .python_args = args,
+                    .merge = merge_checkpoint};
+  const auto rounds = run_rounds(spec, build, {python, runner, plotter}, tdc_file, py_file, &status);
+  if (!rounds) return status;
+  const ojson merged = combine_checkpoint_rounds(*rounds);
   write_merged(out, merged);
   status = run_python({python.string(), plotter.string(), "--json", out.string(), "--png", png.string()});
   if (status != kExitOk) {

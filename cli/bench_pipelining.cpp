@@ -159,35 +159,21 @@ int bench_pipelining(const ParsedArgs& a, const fs::path& build, const fs::path&
   png.replace_extension(".png");
   Cleanup cleanup{{tdc_file, py_file}};
 
-  // As fsdp: odd rounds tdc first, even rounds PyTorch first; medians over rounds.
   int status = kExitOk;
-  std::vector<ojson> rounds;
-  for (int r = 1; r <= n_rounds; ++r) {
-    std::optional<ojson> t, py;
-    auto tdc_side = [&] {
-      fmt::print(stderr, "tdc bench pipelining: round {}/{}, tdc side ({})\n", r, n_rounds,
-                 (build / "tdc_bench_pipelining").string());
-      if (!run_benchmark(build, "tdc_bench_pipelining", tdc_file, n, &status)) return false;
-      t = read_json(tdc_file);
-      return true;
-    };
-    auto py_side = [&] {
-      fmt::print(stderr, "tdc bench pipelining: round {}/{}, PyTorch side ({} {})\n", r, n_rounds, python.string(),
-                 runner.string());
-      status = run_python({python.string(), runner.string(), "--out", py_file.string(), "--repeat", std::to_string(n),
-                           "--warmup", std::to_string(kPipeliningWarmup)});
-      if (status != kExitOk) return false;
-      py = read_json(py_file);
-      return true;
-    };
-    bool ok = r % 2 ? (tdc_side() && py_side()) : (py_side() && tdc_side());
-    if (!ok) return status;
-    if (t->value("warmup", -1) != kPipeliningWarmup)
-      throw std::runtime_error(fmt::format("tdc_bench_pipelining ran {} warm-up steps, the CLI expects {}",
-                                           t->value("warmup", -1), kPipeliningWarmup));
-    rounds.push_back(merge_pipelining(*t, tdc_file, *py, py_file));
-  }
-  const ojson merged = combine_pipelining_rounds(rounds);
+  const Rounds spec{
+      .name = "pipelining",
+      .repeat = n,
+      .rounds = n_rounds,
+      .python_args = {"--warmup", std::to_string(kPipeliningWarmup)},
+      .merge = [](const ojson& t, const fs::path& tf, const ojson& py, const fs::path& pf) {
+        if (t.value("warmup", -1) != kPipeliningWarmup)
+          throw std::runtime_error(fmt::format("tdc_bench_pipelining ran {} warm-up steps, the CLI expects {}",
+                                               t.value("warmup", -1), kPipeliningWarmup));
+        return merge_pipelining(t, tf, py, pf);
+      }};
+  const auto rounds = run_rounds(spec, build, {python, runner, plotter}, tdc_file, py_file, &status);
+  if (!rounds) return status;
+  const ojson merged = combine_pipelining_rounds(*rounds);
   write_merged(out, merged);
   status = run_python({python.string(), plotter.string(), "--json", out.string(), "--png", png.string()});
   if (status != kExitOk) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -51,6 +52,25 @@ struct Cleanup {
     for (const auto& f : files) std::filesystem::remove(f, ec);
   }
 };
+
+// The rounds of a benchmark with a PyTorch side. Each round runs build/tdc_bench_<name> and the
+// PyTorch runner (odd rounds tdc first, even rounds PyTorch first, so that a change in the host's
+// load does not always hit the same side) and merges their outputs with `merge`. nullopt, with
+// *exit_status set, when a side failed or was interrupted.
+using MergeSides = std::function<nlohmann::ordered_json(
+    const nlohmann::ordered_json& tdc, const std::filesystem::path& tdc_file, const nlohmann::ordered_json& pytorch,
+    const std::filesystem::path& pytorch_file)>;
+struct Rounds {
+  std::string name;                      // "fsdp": messages, and the binary tdc_bench_<name>
+  int repeat = 10, rounds = 3;           // timed steps per case; rounds
+  std::vector<std::string> tdc_args;     // extra arguments of the tdc binary
+  std::vector<std::string> python_args;  // extra arguments of the PyTorch runner
+  MergeSides merge;
+};
+std::optional<std::vector<nlohmann::ordered_json>> run_rounds(const Rounds& spec, const std::filesystem::path& build,
+                                                              const PythonSide& py,
+                                                              const std::filesystem::path& tdc_file,
+                                                              const std::filesystem::path& py_file, int* exit_status);
 
 // `tdc bench pipelining` (bench_pipelining.cpp).
 int bench_pipelining(const ParsedArgs& a, const std::filesystem::path& build, const std::filesystem::path& out,
