@@ -22,7 +22,6 @@
 // test has a 300 s deadline and the PyTorch side is stopped after 240 s (kPythonLimitS).
 #include <array>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <string>
@@ -32,13 +31,13 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
-#include <sys/wait.h>
 #include <torch/optim/adam.h>
 
 #include "tdc/checkpoint/checkpoint.h"
 #include "tdc/checkpoint/state_dict.h"
 #include "tdc/comm/process_group.h"
 #include "tdc/conformance/checks.h"
+#include "tdc/conformance/pytorch_side.h"
 #include "tdc/conformance/support.h"
 #include "tdc/device_mesh.h"
 #include "tdc/fixtures/models.h"
@@ -174,47 +173,9 @@ std::string join(const std::vector<std::string>& lines) {
 
 // ------------------------------------------------------------------ the PyTorch side
 
-struct PythonRun {
-  int status = -1;  // exit status; 124: stopped after kPythonLimitS
-  std::string command, output_tail;
-};
-
-// Runs `dcp_interop.py <args>` with the venv's python (TDC_PYTHON, else the configured one),
-// stdout and stderr together; keeps the last 6000 characters of the output.
-PythonRun run_dcp_interop(const std::string& args) {
-  const char* env = std::getenv("TDC_PYTHON");
-  const std::string python = env && *env ? env : TDC_PYTHON_DEFAULT;
-  PythonRun run;
-  run.command = fmt::format("OMP_NUM_THREADS=1 timeout -k 10 {} '{}' '{}/tools/checkpoint/dcp_interop.py' {} 2>&1",
-                            kPythonLimitS, python, TDC_SOURCE_DIR, args);
-  FILE* pipe = popen(run.command.c_str(), "r");
-  if (!pipe) {
-    run.output_tail = "popen failed";
-    return run;
-  }
-  std::array<char, 4096> buf{};
-  std::string output;
-  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) output.append(buf.data(), n);
-  const int raw = pclose(pipe);
-  run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-  run.output_tail = output.size() > 6000 ? "..." + output.substr(output.size() - 6000) : output;
-  return run;
-}
-
-// Rank 0 runs the PyTorch side while the other ranks wait; every rank returns whether it succeeded
-// (rank 0 reports the failure).
+// Rank 0 runs `dcp_interop.py <args>` while the other ranks wait; true on every rank if it succeeded.
 bool pytorch_side(const std::string& args) {
-  const std::string key = "tdc_interop/pytorch_side_ok";
-  if (ctx().rank == 0) {
-    const PythonRun run = run_dcp_interop(args);
-    EXPECT_EQ(run.status, 0) << "PyTorch side failed" << (run.status == 124 ? " (time limit)" : "") << ": "
-                             << run.command << "\n"
-                             << run.output_tail;
-    if (run.status == 0) std::printf("PyTorch side: %s\n%s\n", run.command.c_str(), run.output_tail.c_str());
-    ctx().store->set(key, std::vector<uint8_t>{static_cast<uint8_t>(run.status == 0)});
-  }
-  harness::barrier();
-  return ctx().store->get(key).at(0) == 1;
+  return conformance::pytorch_side("tools/checkpoint/dcp_interop.py", args, kPythonLimitS);
 }
 
 std::string dirs(const fs::path& ckpt, const fs::path& ref) {

@@ -19,9 +19,7 @@
 // Limits: starting Python and importing torch takes seconds on a loaded 2-core machine; the
 // PyTorch side itself takes ~5 s. The test has a 300 s deadline and the PyTorch side is stopped
 // after 240 s (kPythonLimitS).
-#include <array>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -30,12 +28,12 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <torch/optim/adam.h>
 
 #include "tdc/checkpoint/detail/safetensors.h"
 #include "tdc/comm/collectives.h"
 #include "tdc/comm/process_group.h"
+#include "tdc/conformance/pytorch_side.h"
 #include "tdc/conformance/support.h"
 #include "tdc/device_mesh.h"
 #include "tdc/fixtures/models.h"
@@ -77,47 +75,10 @@ constexpr double kLossAtol = 1e-9, kGradAtol = 1e-9, kParamAtol = 1e-7;
 
 // ------------------------------------------------------------------ the PyTorch side
 
-struct PythonRun {
-  int status = -1;  // exit status; 124: stopped after kPythonLimitS
-  std::string command, output_tail;
-};
-
-PythonRun run_pp_parity(const fs::path& out_dir) {
-  const char* env = std::getenv("TDC_PYTHON");
-  const std::string python = env && *env ? env : TDC_PYTHON_DEFAULT;
-  PythonRun run;
-  run.command = fmt::format(
-      "OMP_NUM_THREADS=1 timeout -k 10 {} '{}' '{}/tools/pipelining/pp_parity.py' --out '{}' "
-      "--steps {} 2>&1",
-      kPythonLimitS, python, TDC_SOURCE_DIR, out_dir.string(), kSteps);
-  FILE* pipe = popen(run.command.c_str(), "r");
-  if (!pipe) {
-    run.output_tail = "popen failed";
-    return run;
-  }
-  std::array<char, 4096> buf{};
-  std::string output;
-  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) output.append(buf.data(), n);
-  const int raw = pclose(pipe);
-  run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
-  run.output_tail = output.size() > 6000 ? "..." + output.substr(output.size() - 6000) : output;
-  return run;
-}
-
-// Rank 0 runs the PyTorch side while the other ranks wait; every rank returns whether it succeeded
-// (rank 0 reports the failure).
+// Rank 0 runs pp_parity.py while the other ranks wait; true on every rank if it succeeded.
 bool pytorch_side(const fs::path& out_dir) {
-  const std::string key = "tdc_pp_parity/pytorch_side_ok";
-  if (ctx().rank == 0) {
-    const PythonRun run = run_pp_parity(out_dir);
-    EXPECT_EQ(run.status, 0) << "PyTorch side failed" << (run.status == 124 ? " (time limit)" : "") << ": "
-                             << run.command << "\n"
-                             << run.output_tail;
-    if (run.status == 0) std::printf("PyTorch side: %s\n%s\n", run.command.c_str(), run.output_tail.c_str());
-    ctx().store->set(key, std::vector<uint8_t>{static_cast<uint8_t>(run.status == 0)});
-  }
-  harness::barrier();
-  return ctx().store->get(key).at(0) == 1;
+  return conformance::pytorch_side("tools/pipelining/pp_parity.py",
+                                   fmt::format("--out '{}' --steps {}", out_dir.string(), kSteps), kPythonLimitS);
 }
 
 // Every tensor of a plain safetensors file (no DCP sharding: each entry is a whole tensor).
