@@ -245,13 +245,7 @@ ojson merge_fsdp(const ojson& t, const fs::path& tdc_file, const ojson& py, cons
       throw std::runtime_error(fmt::format("model {}: tdc and PyTorch ran different global batches", model));
   }
   out["models"] = models;
-  for (const auto& [key, v] : t.items())
-    if (key != "cases" && key != "models") out[key] = v;
-  ojson pyinfo = ojson::object();
-  for (const auto& [key, v] : py.items())
-    if (key != "cases" && key != "models") pyinfo[key] = v;
-  out["pytorch"] = pyinfo;
-  out["torch_version"] = py.value("torch_version", std::string("?"));
+  add_run_info(out, t, py, {"cases", "models"}, {"cases", "models"});
   return out;
 }
 
@@ -381,16 +375,22 @@ void write_merged(const fs::path& out, const ojson& merged) {
   fs::rename(tmp, out);
 }
 
-std::optional<std::vector<ojson>> run_rounds(const Rounds& spec, const fs::path& build, const PythonSide& py,
-                                             const fs::path& tdc_file, const fs::path& py_file, int* exit_status) {
+int run_rounds(const Rounds& spec, const fs::path& build, const PythonSide& py, const fs::path& out) {
+  fs::create_directories(out.parent_path());
+  const fs::path tdc_file = out.string() + ".tdc.tmp";
+  const fs::path py_file = out.string() + ".pytorch.tmp";
+  fs::path png = out;
+  png.replace_extension(".png");
+  Cleanup cleanup{{tdc_file, py_file}};
   const std::string binary = "tdc_bench_" + spec.name;
+  int status = kExitOk;
   std::vector<ojson> rounds;
   for (int r = 1; r <= spec.rounds; ++r) {
     std::optional<ojson> t, p;
     auto tdc_side = [&] {
       fmt::print(stderr, "tdc bench {}: round {}/{}, tdc side ({})\n", spec.name, r, spec.rounds,
                  (build / binary).string());
-      if (!run_benchmark(build, binary, tdc_file, spec.repeat, exit_status, spec.tdc_args)) return false;
+      if (!run_benchmark(build, binary, tdc_file, spec.repeat, &status, spec.tdc_args)) return false;
       t = read_json(tdc_file);
       return true;
     };
@@ -400,50 +400,56 @@ std::optional<std::vector<ojson>> run_rounds(const Rounds& spec, const fs::path&
       std::vector<std::string> argv{py.python.string(), py.runner.string(), "--out",
                                     py_file.string(),   "--repeat",         std::to_string(spec.repeat)};
       argv.insert(argv.end(), spec.python_args.begin(), spec.python_args.end());
-      *exit_status = run_python(argv);
-      if (*exit_status != kExitOk) return false;
+      status = run_python(argv);
+      if (status != kExitOk) return false;
       p = read_json(py_file);
       return true;
     };
     const bool ok = r % 2 ? (tdc_side() && py_side()) : (py_side() && tdc_side());
-    if (!ok) return std::nullopt;
+    if (!ok) return status;
     rounds.push_back(spec.merge(*t, tdc_file, *p, py_file));
   }
-  return rounds;
+  const ojson merged = spec.combine(rounds);
+  write_merged(out, merged);
+  status = run_python({py.python.string(), py.plotter.string(), "--json", out.string(), "--png", png.string()});
+  if (status != kExitOk) {
+    fmt::print(stderr, "tdc bench {}: the JSON is written ({}), the plot is not\n", spec.name, out.string());
+    return status;
+  }
+  return spec.print(merged, out, png);
+}
+
+void add_run_info(ojson& out, const ojson& t, const ojson& py, const std::vector<std::string>& tdc_skip,
+                  const std::vector<std::string>& pytorch_skip) {
+  auto skipped = [](const std::vector<std::string>& skip, const std::string& key) {
+    return std::find(skip.begin(), skip.end(), key) != skip.end();
+  };
+  for (const auto& [key, v] : t.items())
+    if (!skipped(tdc_skip, key)) out[key] = v;
+  ojson pyinfo = ojson::object();
+  for (const auto& [key, v] : py.items())
+    if (!skipped(pytorch_skip, key)) pyinfo[key] = v;
+  out["pytorch"] = pyinfo;
+  out["torch_version"] = py.value("torch_version", std::string("?"));
 }
 
 int bench_fsdp(const ParsedArgs& a, const fs::path& build, const fs::path& out, std::optional<int> repeat) {
-  const auto [python, runner, plotter] = python_side(a, build, "fsdp");
-  const int n = repeat.value_or(10);
-  const int n_rounds = a.get("rounds") ? parse_positive_int("bench", "rounds", *a.get("rounds")) : 3;
-  fs::create_directories(out.parent_path());
-  const fs::path tdc_file = out.string() + ".tdc.tmp";
-  const fs::path py_file = out.string() + ".pytorch.tmp";
-  fs::path png = out;
-  png.replace_extension(".png");
-  Cleanup cleanup{{tdc_file, py_file}};
-
-  int status = kExitOk;
-  const Rounds spec{.name = "fsdp",
-                    .repeat = n,
-                    .rounds = n_rounds,
-                    .python_args = {"--warmup", std::to_string(kFsdpWarmup)},
-                    .merge = [](const ojson& t, const fs::path& tf, const ojson& py, const fs::path& pf) {
-                      if (t.value("warmup", -1) != kFsdpWarmup)
-                        throw std::runtime_error(fmt::format("tdc_bench_fsdp ran {} warm-up steps, the CLI expects {}",
-                                                             t.value("warmup", -1), kFsdpWarmup));
-                      return merge_fsdp(t, tf, py, pf);
-                    }};
-  const auto rounds = run_rounds(spec, build, {python, runner, plotter}, tdc_file, py_file, &status);
-  if (!rounds) return status;
-  const ojson merged = combine_rounds(*rounds);
-  write_merged(out, merged);
-  status = run_python({python.string(), plotter.string(), "--json", out.string(), "--png", png.string()});
-  if (status != kExitOk) {
-    fmt::print(stderr, "tdc bench fsdp: the JSON is written ({}), the plot is not\n", out.string());
-    return status;
-  }
-  return print_fsdp(merged, out, png);
+  const PythonSide py = python_side(a, build, "fsdp");
+  const Rounds spec{
+      .name = "fsdp",
+      .repeat = repeat.value_or(10),
+      .rounds = a.get("rounds") ? parse_positive_int("bench", "rounds", *a.get("rounds")) : 3,
+      .python_args = {"--warmup", std::to_string(kFsdpWarmup)},
+      .merge =
+          [](const ojson& t, const fs::path& tf, const ojson& p, const fs::path& pf) {
+            if (t.value("warmup", -1) != kFsdpWarmup)
+              throw std::runtime_error(fmt::format("tdc_bench_fsdp ran {} warm-up steps, the CLI expects {}",
+                                                   t.value("warmup", -1), kFsdpWarmup));
+            return merge_fsdp(t, tf, p, pf);
+          },
+      .combine = combine_rounds,
+      .print = print_fsdp};
+  return run_rounds(spec, build, py, out);
 }
 
 // ------------------------------------------------------------ checkpoint: tdc + PyTorch + dd, merged
@@ -538,13 +544,7 @@ ojson merge_checkpoint(const ojson& t, const fs::path& tdc_file, const ojson& py
   ojson out = ojson::object();
   out["cases"] = cases;
   checkpoint_verdicts(out);
-  for (const auto& [key, v] : t.items())
-    if (key != "cases") out[key] = v;
-  ojson pyinfo = ojson::object();
-  for (const auto& [key, v] : py.items())
-    if (key != "cases" && key != "state_dict") pyinfo[key] = v;
-  out["pytorch"] = pyinfo;
-  out["torch_version"] = py.value("torch_version", std::string("?"));
+  add_run_info(out, t, py, {"cases"}, {"cases", "state_dict"});
   return out;
 }
 
@@ -633,39 +633,22 @@ int print_checkpoint(const ojson& j, const fs::path& out, const fs::path& png) {
 }
 
 int bench_checkpoint(const ParsedArgs& a, const fs::path& build, const fs::path& out, std::optional<int> repeat) {
-  const auto [python, runner, plotter] = python_side(a, build, "checkpoint");
-  const int n = repeat.value_or(3);
-  const int n_rounds = a.get("rounds") ? parse_positive_int("bench", "rounds", *a.get("rounds")) : 2;
+  const PythonSide py = python_side(a, build, "checkpoint");
   const int mb = a.get("mb") ? parse_positive_int("bench", "mb", *a.get("mb")) : 256;
   // One directory for dd, tdc and PyTorch: the disk under test (default: the build directory's).
   const fs::path dir = fs::absolute(a.get("dir").value_or(build.string()));
   if (!fs::is_directory(dir))
     throw UsageError(fmt::format("bench checkpoint: --dir '{}' is not a directory", dir.string()));
-  fs::create_directories(out.parent_path());
-  const fs::path tdc_file = out.string() + ".tdc.tmp";
-  const fs::path py_file = out.string() + ".pytorch.tmp";
-  fs::path png = out;
-  png.replace_extension(".png");
-  Cleanup cleanup{{tdc_file, py_file}};
-
-  int status = kExitOk;
   const std::vector<std::string> args{"--mb", std::to_string(mb), "--dir", dir.string()};
   const Rounds spec{.name = "checkpoint",
-                    .repeat = n,
-                    .rounds = n_rounds,
+                    .repeat = repeat.value_or(3),
+                    .rounds = a.get("rounds") ? parse_positive_int("bench", "rounds", *a.get("rounds")) : 2,
                     .tdc_args = args,
                     .python_args = args,
-                    .merge = merge_checkpoint};
-  const auto rounds = run_rounds(spec, build, {python, runner, plotter}, tdc_file, py_file, &status);
-  if (!rounds) return status;
-  const ojson merged = combine_checkpoint_rounds(*rounds);
-  write_merged(out, merged);
-  status = run_python({python.string(), plotter.string(), "--json", out.string(), "--png", png.string()});
-  if (status != kExitOk) {
-    fmt::print(stderr, "tdc bench checkpoint: the JSON is written ({}), the plot is not\n", out.string());
-    return status;
-  }
-  return print_checkpoint(merged, out, png);
+                    .merge = merge_checkpoint,
+                    .combine = combine_checkpoint_rounds,
+                    .print = print_checkpoint};
+  return run_rounds(spec, build, py, out);
 }
 
 }  // namespace bench

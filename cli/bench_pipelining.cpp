@@ -73,13 +73,7 @@ ojson merge_pipelining(const ojson& t, const fs::path& tdc_file, const ojson& py
   ojson out = ojson::object();
   out["cases"] = cases;
   verdict(out);
-  for (const auto& [key, v] : t.items())
-    if (key != "cases") out[key] = v;
-  ojson pyinfo = ojson::object();
-  for (const auto& [key, v] : py.items())
-    if (key != "cases" && key != "model") pyinfo[key] = v;
-  out["pytorch"] = pyinfo;
-  out["torch_version"] = py.value("torch_version", std::string("?"));
+  add_run_info(out, t, py, {"cases"}, {"cases", "model"});
   return out;
 }
 
@@ -149,38 +143,22 @@ int print_pipelining(const ojson& j, const fs::path& out, const fs::path& png) {
 }  // namespace
 
 int bench_pipelining(const ParsedArgs& a, const fs::path& build, const fs::path& out, std::optional<int> repeat) {
-  const auto [python, runner, plotter] = python_side(a, build, "pipelining");
-  const int n = repeat.value_or(10);
-  const int n_rounds = a.get("rounds") ? parse_positive_int("bench", "rounds", *a.get("rounds")) : 3;
-  fs::create_directories(out.parent_path());
-  const fs::path tdc_file = out.string() + ".tdc.tmp";
-  const fs::path py_file = out.string() + ".pytorch.tmp";
-  fs::path png = out;
-  png.replace_extension(".png");
-  Cleanup cleanup{{tdc_file, py_file}};
-
-  int status = kExitOk;
+  const PythonSide py = python_side(a, build, "pipelining");
   const Rounds spec{
       .name = "pipelining",
-      .repeat = n,
-      .rounds = n_rounds,
+      .repeat = repeat.value_or(10),
+      .rounds = a.get("rounds") ? parse_positive_int("bench", "rounds", *a.get("rounds")) : 3,
       .python_args = {"--warmup", std::to_string(kPipeliningWarmup)},
-      .merge = [](const ojson& t, const fs::path& tf, const ojson& py, const fs::path& pf) {
-        if (t.value("warmup", -1) != kPipeliningWarmup)
-          throw std::runtime_error(fmt::format("tdc_bench_pipelining ran {} warm-up steps, the CLI expects {}",
-                                               t.value("warmup", -1), kPipeliningWarmup));
-        return merge_pipelining(t, tf, py, pf);
-      }};
-  const auto rounds = run_rounds(spec, build, {python, runner, plotter}, tdc_file, py_file, &status);
-  if (!rounds) return status;
-  const ojson merged = combine_pipelining_rounds(*rounds);
-  write_merged(out, merged);
-  status = run_python({python.string(), plotter.string(), "--json", out.string(), "--png", png.string()});
-  if (status != kExitOk) {
-    fmt::print(stderr, "tdc bench pipelining: the JSON is written ({}), the plot is not\n", out.string());
-    return status;
-  }
-  return print_pipelining(merged, out, png);
+      .merge =
+          [](const ojson& t, const fs::path& tf, const ojson& p, const fs::path& pf) {
+            if (t.value("warmup", -1) != kPipeliningWarmup)
+              throw std::runtime_error(fmt::format("tdc_bench_pipelining ran {} warm-up steps, the CLI expects {}",
+                                                   t.value("warmup", -1), kPipeliningWarmup));
+            return merge_pipelining(t, tf, p, pf);
+          },
+      .combine = combine_pipelining_rounds,
+      .print = print_pipelining};
+  return run_rounds(spec, build, py, out);
 }
 
 }  // namespace tdc::cli::bench

@@ -53,10 +53,12 @@ struct Cleanup {
   }
 };
 
-// The rounds of a benchmark with a PyTorch side. Each round runs build/tdc_bench_<name> and the
-// PyTorch runner (odd rounds tdc first, even rounds PyTorch first, so that a change in the host's
-// load does not always hit the same side) and merges their outputs with `merge`. nullopt, with
-// *exit_status set, when a side failed or was interrupted.
+// A benchmark with a PyTorch side, start to end: `rounds` rounds, each running
+// build/tdc_bench_<name> and the PyTorch runner (odd rounds tdc first, even rounds PyTorch first,
+// so that a change in the host's load does not always hit the same side) and merging their
+// outputs; then the rounds combined into OUT (atomically), the plot OUT with .png, and the
+// printed summary. The per-side temp files OUT.tdc.tmp / OUT.pytorch.tmp are removed whatever
+// happens. Returns the CLI exit status.
 using MergeSides = std::function<nlohmann::ordered_json(
     const nlohmann::ordered_json& tdc, const std::filesystem::path& tdc_file, const nlohmann::ordered_json& pytorch,
     const std::filesystem::path& pytorch_file)>;
@@ -65,12 +67,18 @@ struct Rounds {
   int repeat = 10, rounds = 3;           // timed steps per case; rounds
   std::vector<std::string> tdc_args;     // extra arguments of the tdc binary
   std::vector<std::string> python_args;  // extra arguments of the PyTorch runner
-  MergeSides merge;
+  MergeSides merge;                      // one round's two outputs -> one
+  std::function<nlohmann::ordered_json(const std::vector<nlohmann::ordered_json>&)> combine;  // rounds -> one
+  std::function<int(const nlohmann::ordered_json&, const std::filesystem::path& out, const std::filesystem::path& png)>
+      print;
 };
-std::optional<std::vector<nlohmann::ordered_json>> run_rounds(const Rounds& spec, const std::filesystem::path& build,
-                                                              const PythonSide& py,
-                                                              const std::filesystem::path& tdc_file,
-                                                              const std::filesystem::path& py_file, int* exit_status);
+int run_rounds(const Rounds& spec, const std::filesystem::path& build, const PythonSide& py,
+               const std::filesystem::path& out);
+
+// The end of every merge: the tdc side's keys other than `tdc_skip`, the PyTorch side's other
+// than `pytorch_skip` under "pytorch", and PyTorch's torch_version.
+void add_run_info(nlohmann::ordered_json& out, const nlohmann::ordered_json& tdc, const nlohmann::ordered_json& pytorch,
+                  const std::vector<std::string>& tdc_skip, const std::vector<std::string>& pytorch_skip);
 
 // `tdc bench pipelining` (bench_pipelining.cpp).
 int bench_pipelining(const ParsedArgs& a, const std::filesystem::path& build, const std::filesystem::path& out,
