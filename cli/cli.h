@@ -61,5 +61,6 @@ std::string format_duration(double s);  // "0.12 s", "1:05", "1:02:03"
 int run_command(const std::vector<std::string>& args);
 int test_command(const std::vector<std::string>& args);
 int bench_command(const std::vector<std::string>& args);
+int report_command(const std::vector<std::string>& args);  // cli/report/report_command.cpp
 
 }  // namespace tdc::cli

@@ -215,7 +215,9 @@ constexpr const char* kUsage = R"(usage: tdc <command> [options]
 Commands:
   run      run the conformance suite (or the unit suites) and write results/results.json,
            results/junit.xml and per-binary logs; live progress, summary, exit 1 on failures;
-           --repeat N finds flaky tests
+           --repeat N finds flaky tests; also writes report.html and report.md there
+  report   'tdc report RUN... --out DIR': one HTML page (matrix, diff, flaky, parity curves)
+           and Markdown from one or more runs
   test     the project's own tests (ctest): what CI runs
   bench    benchmarks: 'tdc bench harness --out FILE' times the harness launchers,
            'tdc bench ddp --out FILE' compares DDP and single-process step times,
@@ -260,7 +262,8 @@ int main(int argc, char** argv) {
     if (command == "run") return run_command(rest);
     if (command == "test") return test_command(rest);
     if (command == "bench") return bench_command(rest);
-    throw UsageError(fmt::format("unknown command '{}' (commands: run, test, bench, help)", command));
+    if (command == "report") return report_command(rest);
+    throw UsageError(fmt::format("unknown command '{}' (commands: run, test, bench, report, help)", command));
   } catch (const UsageError& e) {
     fmt::print(stderr, "tdc: error: {}\n", e.what());
     return kExitUsage;

@@ -19,7 +19,8 @@
 #include "cli.h"
 #include "process.h"
 #include "progress.h"
-#include "report.h"
+#include "report/report.h"
+#include "summary.h"
 #include "tdc/harness/results.h"
 
 #ifndef TDC_VERSION
@@ -53,13 +54,15 @@ const std::vector<OptionSpec> kRunOptions = {
     {"idle-timeout", "S", "kill a binary that reports no test event for S seconds (default 600)"},
     {"check", nullptr, "after writing, re-read results.json and junit.xml and validate both"},
     {"repeat", "N", "run every selected test N times; one whose status differs is FLAKY (a failure)"},
+    {"no-report", nullptr, "do not write DIR/report.html and DIR/report.md (tdc report RUN --out DIR)"},
 };
 
 constexpr const char* kRunUsage =
     "usage: tdc run [options]\n\n"
     "Runs the conformance suite (test binaries of kind 'conformance' in tdc_suites.json; the\n"
     "unit suites when there are none yet) with live progress, then writes DIR/results.json,\n"
-    "DIR/junit.xml and DIR/logs/<binary>.log and prints a per-suite summary.\n"
+    "DIR/junit.xml and DIR/logs/<binary>.log and prints a per-suite summary; then the report a\n"
+    "person reads, DIR/report.html and DIR/report.md (as `tdc report DIR --out DIR` writes it).\n"
     "Exit status: 0 when no test has a failure status (FAIL, XPASS, TIMEOUT, CRASH), 1 otherwise\n"
     "(also when no test matches the filter), 2 on a usage or setup error, 130 when interrupted.\n"
     "With --repeat N each test's record carries repeat_statuses (status -> count); a test seen\n"
@@ -82,6 +85,7 @@ struct Options {
   std::optional<fs::path> expectations;
   double idle_timeout_s = 600;
   bool check = false;
+  bool no_report = false;
   int repeat = 1;
   std::string backend = "gloo", device = "cpu", launcher = "fork";
 };
@@ -157,6 +161,7 @@ Options parse_options(const ParsedArgs& a) {
   o.out = fs::absolute(a.get("out").value_or("results"));
   o.build = resolve_build_dir(a.get("build-dir"));
   o.check = a.has("check");
+  o.no_report = a.has("no-report");
   if (auto v = a.get("repeat")) o.repeat = parse_positive_int(cmd, "repeat", *v);
   return o;
 }
@@ -473,6 +478,22 @@ void preflight(const std::vector<Binary>& binaries, const Options& o) {
   }
 }
 
+// The run's report next to its results (`tdc report DIR --out DIR`). A report that cannot be
+// written is a warning: the results are what the run is for.
+void write_run_report(const Options& o, const fs::path& json_path) {
+  try {
+    ReportInput in;
+    in.generated_at = harness::iso_now();
+    in.seed = read_seed_table(seed_table_path(resolve_source_dir(o.build)));
+    in.runs.push_back(load_run(json_path, "run 1"));
+    if (fs::path p = o.out / "parity.json"; fs::is_regular_file(p)) in.parity.push_back(read_parity(p));
+    ReportFiles files = write_report(in, o.out);
+    fmt::print("report:  {}\n         {}\n", files.html.string(), files.markdown.string());
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "tdc run: warning: report not written: {}\n", e.what());
+  }
+}
+
 // [Note: one verdict per test over repeats] With --repeat N every test ran N times. A test that
 // ended the same way each time keeps that status (and the record of its first repeat); one that
 // did not is FLAKY, whatever the mix, with the record of its first repeat that failed (or else
@@ -635,6 +656,7 @@ int run_command(const std::vector<std::string>& args) {
   print_failures(merged, log_of);
   fmt::print("\nresults: {}\njunit:   {}\nlogs:    {}\n", json_path.string(), xml_path.string(),
              (o.out / "logs").string());
+  if (!o.no_report) write_run_report(o, json_path);
 
   int code = merged.ok() ? kExitOk : kExitFailed;
   if (merged.tests.empty()) {

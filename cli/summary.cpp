@@ -1,13 +1,13 @@
 // What `tdc run` prints at the end, and its --check of the files it wrote.
-#include "report.h"
+#include "summary.h"
 
 #include <cstring>
 #include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 
 #include "cli.h"
+#include "report/log_excerpt.h"
 #include "tdc/harness/xml_check.h"
 
 namespace tdc::cli {
@@ -15,55 +15,6 @@ namespace tdc::cli {
 namespace fs = std::filesystem;
 using harness::RunResults;
 using harness::Status;
-
-namespace {
-
-// The part of a binary's log that belongs to one test (gtest's [ RUN ] ... [ FAILED ] lines).
-std::string log_excerpt(const fs::path& log, const std::string& id, int max_lines) {
-  std::ifstream in(log, std::ios::binary);
-  std::vector<std::string> lines;
-  std::string line;
-  bool inside = false;
-  const std::string run = "[ RUN      ] " + id;
-  while (std::getline(in, line)) {
-    if (line == run) {
-      inside = true;
-      lines.clear();
-    }
-    if (inside) {
-      lines.push_back(line);
-      if ((line.rfind("[  FAILED  ] " + id, 0) == 0 || line.rfind("[       OK ] " + id, 0) == 0 ||
-           line.rfind("[  SKIPPED ] " + id, 0) == 0))
-        break;
-    }
-  }
-  if (lines.empty()) return "";
-  size_t from = lines.size() > static_cast<size_t>(max_lines) ? lines.size() - max_lines : 0;
-  std::string out = from ? fmt::format("... ({} earlier lines in {})\n", from, log.string()) : "";
-  for (size_t i = from; i < lines.size(); ++i) out += lines[i] + "\n";
-  return out;
-}
-
-// Whether a log excerpt says more than the message (the harness often logs the message itself).
-bool adds_to(const std::string& excerpt, const std::string& message) {
-  std::istringstream in(excerpt);
-  std::string line;
-  while (std::getline(in, line)) {
-    size_t b = line.find_first_not_of(" \t");
-    if (b == std::string::npos) continue;
-    line = line.substr(b);
-    if (line.rfind("[ ", 0) == 0 || line.rfind("[  ", 0) == 0 || line == "Failed" ||
-        line.rfind("... (", 0) == 0 ||  // log_excerpt's own "earlier lines" marker
-        line.find(": Failure") != std::string::npos)
-      continue;  // GoogleTest's own markers
-    for (const char* status : {"FAIL", "SKIP", "NOT_SUPPORTED", "TIMEOUT", "CRASH"})
-      if (line.rfind(std::string(status) + ": ", 0) == 0) line = line.substr(std::strlen(status) + 2);
-    if (message.find(line) == std::string::npos) return true;
-  }
-  return false;
-}
-
-}  // namespace
 
 void print_summary(const RunResults& r, double elapsed) {
   std::vector<Status> columns = {Status::Pass,  Status::Fail,  Status::Skip,    Status::NotSupported,

@@ -1,4 +1,5 @@
-// The end of `tdc run`: summary table, failures with messages and log excerpts, and --check.
+// The end of `tdc run` on the console: summary table, failures with messages and log excerpts,
+// and --check. (The report a person reads in a browser is report/report.h.)
 #pragma once
 
 #include <filesystem>
