@@ -13,6 +13,17 @@ if(NOT TDC_GLOO_INCLUDE_DIR)
   message(FATAL_ERROR "gloo headers not found: install Debian's libgloo-dev (./tdc does this)")
 endif()
 
+# yaml-cpp: only tdc_ci_recipes_test (ci/) parses YAML, the CI recipes; nothing else links it.
+find_package(yaml-cpp CONFIG QUIET)
+if(NOT yaml-cpp_FOUND)
+  message(FATAL_ERROR "yaml-cpp not found: install Debian's libyaml-cpp-dev (./tdc does this)")
+endif()
+if(TARGET yaml-cpp::yaml-cpp)  # yaml-cpp >= 0.8 names its target so; 0.7 (Debian 12) plain yaml-cpp
+  set(TDC_YAML_CPP yaml-cpp::yaml-cpp)
+else()
+  set(TDC_YAML_CPP yaml-cpp)
+endif()
+
 add_library(tdc_deps INTERFACE)
 target_link_libraries(tdc_deps INTERFACE ${TORCH_LIBRARIES} GTest::gtest GTest::gmock
   nlohmann_json::nlohmann_json Threads::Threads)
