@@ -329,6 +329,30 @@ TEST(JobScriptTest, ResultsDecideEvenWhenTdcExitsZero) {
       << r.verdict;
 }
 
+// The recipes' inputs arrive as environment variables; each becomes its `tdc run` option.
+TEST(JobScriptTest, InputsBecomeTdcRunOptions) {
+  fs::path out = fresh_dir("inputs");
+  fs::path fake = out.parent_path() / "recording-tdc.sh";
+  std::ofstream(fake)
+      << "#!/bin/sh\n"
+         "# a tdc that records its arguments and writes one PASS; $3 is --out's value\n"
+         "echo \"$*\" > \"$3/args.txt\"\n"
+         "printf '%s\\n' '{\"tests\": [{\"id\": \"A.a\", \"status\": \"PASS\"}]}' > \"$3/results.json\"\n";
+  JobRun r = run_job(kRunCommand, {{"TDC_CLI", "sh " + fake.string()},
+                                   {"OUT", out.string()},
+                                   {"IMPL_LIB", "/x/libimpl.so"},
+                                   {"BACKEND", "mybackend"},
+                                   {"BACKEND_LIB", "/x/libbackend.so"},
+                                   {"REPEAT", "3"},
+                                   {"TDC_RUN_ARGS", "--timeout 30"}});
+  EXPECT_EQ(r.code, 0) << r.output;
+  std::ifstream in(out / "args.txt");
+  std::string args((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(args, "run --out " + out.string() +
+                      " --check --impl /x/libimpl.so --backend mybackend --backend-lib /x/libbackend.so --repeat 3"
+                      " --timeout 30\n");
+}
+
 TEST(JobScriptTest, UnknownArgumentIsAUsageError) {
   JobRun r = run_job(kRunCommand + " --bogus", {{"TDC_CLI", kTdcCli.string()}, {"OUT", fresh_dir("usage").string()}});
   EXPECT_EQ(r.code, 2) << r.output;
