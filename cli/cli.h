@@ -62,5 +62,6 @@ int run_command(const std::vector<std::string>& args);
 int test_command(const std::vector<std::string>& args);
 int bench_command(const std::vector<std::string>& args);
 int report_command(const std::vector<std::string>& args);  // cli/report/report_command.cpp
+int mutate_command(const std::vector<std::string>& args);  // cli/mutate/mutate.cpp
 
 }  // namespace tdc::cli

@@ -224,6 +224,9 @@ Commands:
            'tdc bench fsdp --out FILE' compares tdc's FSDP2 with PyTorch's fully_shard (+ plot),
            'tdc bench checkpoint --out FILE' checkpoint save/load MB/s: tdc, PyTorch's DCP, dd (+ plot),
            'tdc bench pipelining --out FILE' pipeline step time per schedule: tdc vs PyTorch (+ plot)
+  mutate   the mutation score: each mutant of conformance/mutants.json (a realistic bug in
+           libtdc) built as an alternative implementation and run through the suite; killed
+           or survived per mutant, OUT/mutation.json and OUT/mutation.md
   help     'tdc help COMMAND' shows a command's options
   build    (the ./tdc script) install what is missing and build; run nothing
 
@@ -263,7 +266,8 @@ int main(int argc, char** argv) {
     if (command == "test") return test_command(rest);
     if (command == "bench") return bench_command(rest);
     if (command == "report") return report_command(rest);
-    throw UsageError(fmt::format("unknown command '{}' (commands: run, test, bench, report, help)", command));
+    if (command == "mutate") return mutate_command(rest);
+    throw UsageError(fmt::format("unknown command '{}' (commands: run, test, bench, report, mutate, help)", command));
   } catch (const UsageError& e) {
     fmt::print(stderr, "tdc: error: {}\n", e.what());
     return kExitUsage;

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "cli.h"
 #include "process.h"
 #include "progress.h"
+#include "implementation_library.h"
 #include "report/report.h"
 #include "summary.h"
 #include "tdc/harness/results.h"
@@ -43,7 +45,8 @@ const std::vector<OptionSpec> kRunOptions = {
     {"device", "cpu|cuda", "device type (default cpu)"},
     {"launcher", "fork|thread|spawn|env", "how ranks start (default fork)"},
     {"backend-lib", "PATH", "shared library that registers the --backend"},
-    {"implementation", "NAME", "name of the implementation under test (default tdc-reference)"},
+    {"impl", "LIB", "run against the implementation library LIB in place of libtdc.so (docs/plugging-in.md)"},
+    {"implementation", "NAME", "name the implementation under test in the results (default: its descriptor's)"},
     {"timeout", "S", "per-test deadline in seconds (default: the harness's, 60)"},
     {"expectations", "FILE", "known failures: FAIL->XFAIL, PASS->XPASS (docs/results-schema.md)"},
     {"kind", "conformance|unit|mustfail",
@@ -54,6 +57,8 @@ const std::vector<OptionSpec> kRunOptions = {
     {"idle-timeout", "S", "kill a binary that reports no test event for S seconds (default 600)"},
     {"check", nullptr, "after writing, re-read results.json and junit.xml and validate both"},
     {"repeat", "N", "run every selected test N times; one whose status differs is FLAKY (a failure)"},
+    {"suites", "A,B", "only these test binaries, in this order (names as in tdc_suites.json)"},
+    {"stop-on-failure", nullptr, "run no further binary once one had a failing test (tdc mutate)"},
     {"no-report", nullptr, "do not write DIR/report.html and DIR/report.md (tdc report RUN --out DIR)"},
 };
 
@@ -87,6 +92,9 @@ struct Options {
   bool check = false;
   bool no_report = false;
   int repeat = 1;
+  std::optional<fs::path> impl;     // --impl
+  std::vector<std::string> suites;  // --suites, in order
+  bool stop_on_failure = false;
   std::string backend = "gloo", device = "cpu", launcher = "fork";
 };
 
@@ -142,6 +150,14 @@ Options parse_options(const ParsedArgs& a) {
     o.forwarded.push_back("--tdc_backend_lib=" + fs::absolute(*v).string());
   }
   if (auto v = a.get("implementation")) o.forwarded.push_back("--tdc_implementation=" + *v);
+  if (auto v = a.get("impl")) o.impl = fs::absolute(*v);
+  if (auto v = a.get("suites")) {
+    std::stringstream in(*v);
+    for (std::string name; std::getline(in, name, ',');)
+      if (!name.empty()) o.suites.push_back(name);
+    if (o.suites.empty()) throw UsageError(fmt::format("run: --suites needs binary names, got '{}'", *v));
+  }
+  o.stop_on_failure = a.has("stop-on-failure");
   if (auto v = a.get("timeout")) {
     double t = parse_seconds(cmd, "timeout", *v);
     o.forwarded.push_back(fmt::format("--tdc_timeout={}", t));
@@ -199,6 +215,20 @@ std::vector<Binary> select_binaries(const Options& o) {
       if (b.kind == kind) out.push_back(b);
     return out;
   };
+  if (!o.suites.empty()) {
+    std::vector<Binary> out;
+    for (const std::string& name : o.suites) {
+      auto it = std::find_if(all.begin(), all.end(), [&](const Binary& b) { return b.name == name; });
+      if (it == all.end()) {
+        std::vector<std::string> known;
+        for (const auto& b : all) known.push_back(b.name);
+        throw UsageError(fmt::format("run: --suites: no test binary '{}' in {} (known: {})", name, manifest.string(),
+                                     fmt::join(known, ", ")));
+      }
+      out.push_back(*it);
+    }
+    return out;
+  }
   if (o.kind) return of_kind(*o.kind);
   auto conformance = of_kind("conformance");
   if (!conformance.empty()) return conformance;
@@ -543,6 +573,11 @@ int run_command(const std::vector<std::string>& args) {
   auto t0 = std::chrono::steady_clock::now();
 
   std::vector<Binary> binaries = select_binaries(o);
+  if (o.impl) {
+    ImplementationDescriptor d = use_implementation(*o.impl, o.out / "impl");
+    fmt::print(stderr, "tdc run: implementation {} {} from {} ({} features)\n", d.name, d.version, o.impl->string(),
+               d.features.size());
+  }
   preflight(binaries, o);
   // The binaries put it in their own run_info too.
   std::string revision = git_revision(resolve_source_dir(o.build));
@@ -608,6 +643,7 @@ int run_command(const std::vector<std::string>& args) {
         if (mi.implementation_version.empty()) {
           mi.implementation = ri.implementation;
           mi.implementation_version = ri.implementation_version;
+          mi.implementation_library = ri.implementation_library;
         }
         if (mi.libtorch_version.empty()) mi.libtorch_version = ri.libtorch_version;
         mi.world_size = std::max(mi.world_size, ri.world_size);
@@ -616,6 +652,11 @@ int run_command(const std::vector<std::string>& args) {
         if (!ri.launcher.empty()) mi.launcher = ri.launcher;
       }
       was_interrupted = r.interrupted || interrupted();
+      if (o.stop_on_failure && std::any_of(repeats[rep].begin(), repeats[rep].end(),
+                                           [](const TestResult& t) { return harness::is_failure(t.status); })) {
+        fmt::print(stderr, "tdc run: stopping after {} (--stop-on-failure)\n", b.name);
+        break;
+      }
     }
   }
   if (o.repeat == 1) {

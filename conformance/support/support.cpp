@@ -1,17 +1,40 @@
 #include "tdc/conformance/support.h"
 
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdlib.h>
+
+#include <stdexcept>
+
 #include "tdc/comm/backend_registry.h"
+#include "tdc/implementation.h"
 #include "tdc/harness/harness.h"
+#include "tdc/harness/implementation.h"
 
 namespace tdc::conformance {
 
 namespace {
-// What the reference implementation (libtdc) supports today; conformance tests that need more
-// report NOT_SUPPORTED (docs/plugging-in.md). Grows with each issue that lands a component.
+// The implementation under test describes itself ([Note: implementation descriptor]): whatever
+// library the dynamic linker loaded as libtdc.so (the reference, or `tdc run --impl LIB`).
+harness::ImplementationInfo describe_loaded_implementation() {
+  const tdc_implementation_descriptor* d = tdc_implementation();
+  Dl_info where{};
+  std::string library;
+  if (dladdr(reinterpret_cast<void*>(&tdc_implementation), &where) && where.dli_fname) {
+    char resolved[PATH_MAX];  // the file itself, not the libtdc.so link `tdc run --impl` made
+    library = realpath(where.dli_fname, resolved) ? resolved : where.dli_fname;
+  }
+  if (d == nullptr || d->abi_version != TDC_IMPLEMENTATION_ABI || d->name == nullptr)
+    throw std::runtime_error(
+        fmt::format("implementation library '{}': tdc_implementation() returned {} (abi_version {}; this suite reads "
+                    "abi_version {} with a name; docs/plugging-in.md)",
+                    library, d ? "a descriptor" : "no descriptor", d ? d->abi_version : -1, TDC_IMPLEMENTATION_ABI));
+  harness::ImplementationInfo info{d->name, d->version ? d->version : "", library, {}};
+  for (const char* const* f = d->features; f && *f; ++f) info.features.emplace_back(*f);
+  return info;
+}
 const bool declared = [] {
-  harness::declare_capabilities(
-      "tdc", {"comm", "device_mesh", "dtensor", "tp", "ddp", "ddp.tp_pre_transform", "fsdp2", "fsdp2.cpu_offload",
-              "fsdp2.mixed_precision", "fsdp2.hsdp", "fsdp2.all_gather_extensions", "checkpoint"});
+  harness::declare_implementation(describe_loaded_implementation());
   return true;
 }();
 

@@ -1,6 +1,7 @@
 // The rank context, run settings, suite options, and running one rank's body.
 #include <unistd.h>
 
+#include <optional>
 #include <set>
 
 #include <ATen/Parallel.h>
@@ -9,6 +10,7 @@
 #include <gtest/gtest-spi.h>
 
 #include "internal.h"
+#include "tdc/harness/implementation.h"
 
 namespace tdc::harness {
 
@@ -119,8 +121,7 @@ void internal::register_suite_options(const char* suite, const TestOptions& o) {
 
 namespace {
 struct Capabilities {
-  bool declared = false;
-  std::string implementation;
+  std::optional<ImplementationInfo> info;
   std::set<std::string> features;
 };
 Capabilities& capabilities() {
@@ -129,16 +130,24 @@ Capabilities& capabilities() {
 }
 }  // namespace
 
-void declare_capabilities(const std::string& implementation, const std::vector<std::string>& features) {
+void declare_implementation(const ImplementationInfo& info) {
   auto& c = capabilities();
-  c.declared = true;
-  c.implementation = implementation;
-  c.features.insert(features.begin(), features.end());
+  c.info = info;
+  c.features = std::set<std::string>(info.features.begin(), info.features.end());
+}
+
+void declare_capabilities(const std::string& implementation, const std::vector<std::string>& features) {
+  declare_implementation({.name = implementation, .features = features});
+}
+
+const ImplementationInfo* declared_implementation() {
+  const auto& c = capabilities();
+  return c.info ? &*c.info : nullptr;
 }
 
 bool has_capability(const std::string& feature) {
   const auto& c = capabilities();
-  return !c.declared || c.features.count(feature) > 0;
+  return !c.info || c.features.count(feature) > 0;
 }
 
 namespace detail {

@@ -6,6 +6,7 @@
 #include <torch/version.h>
 
 #include "internal.h"
+#include "tdc/harness/implementation.h"
 
 #ifndef TDC_VERSION
 #define TDC_VERSION "0.0.0"
@@ -159,8 +160,14 @@ class ResultsListener : public testing::EmptyTestEventListener {
     t0_ = std::chrono::steady_clock::now();
     const internal::RunSettings& s = internal::settings();
     auto& info = results_.run_info;
-    info.implementation = s.implementation;
-    info.implementation_version = s.implementation_version.empty() ? TDC_VERSION : s.implementation_version;
+    // --tdc_implementation names the run; else the implementation's own declaration; else the
+    // reference's name (a binary without conformance glue declares nothing).
+    const ImplementationInfo* declared = declared_implementation();
+    info.implementation = !s.implementation.empty() ? s.implementation : declared ? declared->name : "tdc-reference";
+    info.implementation_version = !s.implementation_version.empty() ? s.implementation_version
+                                  : declared                        ? declared->version
+                                                                    : TDC_VERSION;
+    if (declared) info.implementation_library = declared->library;
     info.backend = s.backend;
     info.device = s.device_type;
     info.launcher = to_string(s.launcher);

@@ -96,6 +96,7 @@ nlohmann::json to_json(const RunResults& r) {
   json run_info = {
       {"implementation", i.implementation},
       {"implementation_version", i.implementation_version},
+      {"implementation_library", i.implementation_library},
       {"backend", i.backend},
       {"device", i.device},
       {"world_size", i.world_size},
@@ -220,6 +221,7 @@ RunResults results_from_json(const nlohmann::json& j) {
   RunInfo& i = r.run_info;
   i.implementation = ri.str("implementation");
   i.implementation_version = ri.str("implementation_version", false);
+  i.implementation_library = ri.str("implementation_library", false);
   i.backend = ri.str("backend");
   i.device = ri.str("device");
   i.world_size = ri.integer("world_size");
@@ -525,6 +527,7 @@ void write_junit_xml(const RunResults& r, const fs::path& p) {
   for (const auto& [k, v] :
        std::initializer_list<std::pair<const char*, std::string>>{{"implementation", i.implementation},
                                                                   {"implementation_version", i.implementation_version},
+                                                                  {"implementation_library", i.implementation_library},
                                                                   {"backend", i.backend},
                                                                   {"device", i.device},
                                                                   {"world_size", std::to_string(i.world_size)},

@@ -59,6 +59,7 @@ struct TestResult {
 struct RunInfo {
   std::string implementation = "tdc-reference";
   std::string implementation_version;
+  std::string implementation_library;  // path of the library under test, when it declared one
   std::string backend = "gloo";
   std::string device = "cpu";
   int world_size = 0;  // the largest world size used by the run's tests
