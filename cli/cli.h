@@ -61,6 +61,7 @@ std::string format_duration(double s);  // "0.12 s", "1:05", "1:02:03"
 int run_command(const std::vector<std::string>& args);
 int test_command(const std::vector<std::string>& args);
 int bench_command(const std::vector<std::string>& args);
+int parity_command(const std::vector<std::string>& args);  // parity.cpp
 int report_command(const std::vector<std::string>& args);  // cli/report/report_command.cpp
 int mutate_command(const std::vector<std::string>& args);  // cli/mutate/mutate.cpp
 

@@ -224,6 +224,9 @@ Commands:
            'tdc bench fsdp --out FILE' compares tdc's FSDP2 with PyTorch's fully_shard (+ plot),
            'tdc bench checkpoint --out FILE' checkpoint save/load MB/s: tdc, PyTorch's DCP, dd (+ plot),
            'tdc bench pipelining --out FILE' pipeline step time per schedule: tdc vs PyTorch (+ plot)
+  parity   numeric parity with real PyTorch: every scenario of fixtures/scenarios trains in
+           tdc and in PyTorch 2.13 from the same weights and data; per-scenario verdicts in
+           OUT/parity.json, a table, exit 1 unless all pass
   mutate   the mutation score: each mutant of conformance/mutants.json (a realistic bug in
            libtdc) built as an alternative implementation and run through the suite; killed
            or survived per mutant, OUT/mutation.json and OUT/mutation.md
@@ -265,9 +268,11 @@ int main(int argc, char** argv) {
     if (command == "run") return run_command(rest);
     if (command == "test") return test_command(rest);
     if (command == "bench") return bench_command(rest);
+    if (command == "parity") return parity_command(rest);
     if (command == "report") return report_command(rest);
     if (command == "mutate") return mutate_command(rest);
-    throw UsageError(fmt::format("unknown command '{}' (commands: run, test, bench, report, mutate, help)", command));
+    throw UsageError(
+        fmt::format("unknown command '{}' (commands: run, test, bench, report, parity, mutate, help)", command));
   } catch (const UsageError& e) {
     fmt::print(stderr, "tdc: error: {}\n", e.what());
     return kExitUsage;

@@ -1,0 +1,91 @@
+// Parity scenarios (fixtures/scenarios/*.json): one training run that tdc and PyTorch 2.13 both
+// do from the same initial weights and data, so that their traces can be compared.
+//
+//   Scenario s = parity::load_scenario("fixtures/scenarios/fsdp_mlp_adam_ws2.json");
+//
+// The file format is documented in docs/results-schema.md ("Parity scenarios"). load_scenario
+// checks every field and how they fit together (mesh vs recipe vs world size vs batch) before
+// anything runs; a bad file is a ScenarioError naming the file, the field and the value.
+// Pure data: no LibTorch, so tdc-cli (which never links libtdc) reads scenarios too.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace tdc::parity {
+
+// "scenario 'FILE': field 'recipe.kind': unknown value 'foo' (known: ...)".
+struct ScenarioError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The model: "mlp_stack" (common_fsdp MLPStack(dim)), "mlp_layers" (a Sequential of `layers`
+// common_fsdp MLP(dim)), "transformer" (common_dtensor Transformer, dropout 0, tied embeddings).
+struct ModelSpec {
+  std::string type;
+  int64_t dim = 0;
+  int64_t layers = 0;                                              // mlp_layers
+  int64_t vocab_size = 0, n_layers = 0, n_heads = 0, seq_len = 0;  // transformer
+};
+
+struct MixedPrecision {
+  std::string param_dtype;  // "float32", "bfloat16", "float16"
+  std::string reduce_dtype = "float32";
+};
+
+// How the model is parallelized. kind: none, ddp, tp, fsdp, hsdp, tp_fsdp, pipeline.
+struct Recipe {
+  std::string kind;
+  std::optional<MixedPrecision> mixed_precision;  // FSDP kinds
+  int grad_accum = 1;                             // micro-batches per step (not pipeline)
+  bool activation_checkpointing = false;          // per block, before fully_shard
+  std::string schedule;                           // pipeline: "GPipe" or "1F1B"
+  int microbatches = 1;                           // pipeline
+  std::optional<int> checkpoint_resume_at;        // save + rebuild + load before this step
+};
+
+struct OptimizerSpec {
+  std::string type;  // "sgd" or "adam"
+  double lr = 0;
+  double momentum = 0;  // sgd
+};
+
+// A quantity passes when |tdc - pytorch| <= atol + rtol * scale (scale: |pytorch|; for a
+// parameter's sum, its abs_sum). `why` says where the numbers come from.
+struct Tolerance {
+  double rtol = 0, atol = 0;
+  std::string why;
+};
+
+struct Scenario {
+  std::filesystem::path file;
+  std::string name, description;
+  ModelSpec model;
+  int64_t init_seed = 0, data_seed = 0;
+  int world_size = 1;
+  std::vector<int64_t> mesh_shape;
+  std::vector<std::string> mesh_dim_names;
+  Recipe recipe;
+  int64_t batch = 0;  // global rows (sequences) per micro-batch
+  OptimizerSpec optimizer;
+  int steps = 0;
+  Tolerance tolerance;
+  // Test-only: the tdc side multiplies its learning rate by this (a deliberately wrong run, to
+  // show that the verdict catches it). 1 in every real scenario.
+  double perturb_tdc_lr_scale = 1.0;
+
+  // The data-parallel degree the batch is split over (1 for tp and none).
+  int64_t dp_size() const;
+};
+
+// Reads and checks one scenario file. Throws ScenarioError.
+Scenario load_scenario(const std::filesystem::path& file);
+
+// "fsdp (dp 2) + bf16 + grad accum 3": the recipe in words, for tables.
+std::string describe_recipe(const Scenario& s);
+
+}  // namespace tdc::parity

@@ -1,0 +1,297 @@
+// load_scenario: reading and checking a parity scenario file (scenario.h).
+#include "tdc/parity/scenario.h"
+
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+namespace tdc::parity {
+
+namespace {
+
+using json = nlohmann::json;
+
+const std::vector<std::string> kRecipes = {"none", "ddp", "tp", "fsdp", "hsdp", "tp_fsdp", "pipeline"};
+const std::vector<std::string> kModels = {"mlp_stack", "mlp_layers", "transformer"};
+const std::vector<std::string> kOptimizers = {"sgd", "adam"};
+const std::vector<std::string> kDtypes = {"float32", "bfloat16", "float16"};
+const std::vector<std::string> kSchedules = {"GPipe", "1F1B"};
+constexpr int kMaxWorld = 4, kMaxSteps = 20;
+
+// Reads fields of one JSON object, naming "file: field 'path.key'" in every error, and
+// remembers which keys were read so that unknown keys (typos) are errors too.
+class Reader {
+ public:
+  Reader(const std::filesystem::path& file, const json& obj, std::string prefix)
+      : file_(file), obj_(obj), prefix_(std::move(prefix)) {
+    if (!obj_.is_object()) fail(prefix_.empty() ? "(top level)" : prefix_, "must be a JSON object", obj_);
+  }
+
+  [[noreturn]] void fail(const std::string& field, const std::string& what, const json& value) const {
+    throw ScenarioError(
+        fmt::format("scenario '{}': field '{}': {} (value: {})", file_.string(), field, what, value.dump()));
+  }
+  std::string path(const std::string& key) const { return prefix_.empty() ? key : prefix_ + "." + key; }
+
+  const json* find(const std::string& key) {
+    seen_.insert(key);
+    auto it = obj_.find(key);
+    return it == obj_.end() ? nullptr : &*it;
+  }
+  const json& need(const std::string& key) {
+    const json* v = find(key);
+    if (!v) throw ScenarioError(fmt::format("scenario '{}': missing field '{}'", file_.string(), path(key)));
+    return *v;
+  }
+
+  std::string str(const std::string& key, const std::vector<std::string>& allowed = {}) {
+    return str_value(key, need(key), allowed);
+  }
+  std::string str_or(const std::string& key, const std::string& dflt, const std::vector<std::string>& allowed = {}) {
+    const json* v = find(key);
+    return v ? str_value(key, *v, allowed) : dflt;
+  }
+  int64_t integer(const std::string& key, int64_t lo, int64_t hi) { return int_value(key, need(key), lo, hi); }
+  int64_t integer_or(const std::string& key, int64_t dflt, int64_t lo, int64_t hi) {
+    const json* v = find(key);
+    return v ? int_value(key, *v, lo, hi) : dflt;
+  }
+  double number(const std::string& key, double lo) { return number_value(key, need(key), lo); }
+  double number_or(const std::string& key, double dflt, double lo) {
+    const json* v = find(key);
+    return v ? number_value(key, *v, lo) : dflt;
+  }
+  bool boolean_or(const std::string& key, bool dflt) {
+    const json* v = find(key);
+    if (!v) return dflt;
+    if (!v->is_boolean()) fail(path(key), "must be true or false", *v);
+    return v->get<bool>();
+  }
+  Reader object(const std::string& key) { return Reader(file_, need(key), path(key)); }
+
+  // Every key of the object must have been read.
+  void no_unknown_keys() const {
+    for (const auto& [key, value] : obj_.items()) {
+      if (!seen_.count(key)) fail(path(key), "unknown field", value);
+    }
+  }
+
+ private:
+  std::string str_value(const std::string& key, const json& v, const std::vector<std::string>& allowed) const {
+    if (!v.is_string()) fail(path(key), "must be a string", v);
+    std::string s = v.get<std::string>();
+    if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), s) == allowed.end())
+      fail(path(key), fmt::format("unknown value (known: {})", fmt::join(allowed, ", ")), v);
+    if (allowed.empty() && s.empty()) fail(path(key), "must not be empty", v);
+    return s;
+  }
+  int64_t int_value(const std::string& key, const json& v, int64_t lo, int64_t hi) const {
+    if (!v.is_number_integer()) fail(path(key), "must be an integer", v);
+    const int64_t n = v.get<int64_t>();
+    if (n < lo || n > hi) fail(path(key), fmt::format("out of range: must be {}..{}", lo, hi), v);
+    return n;
+  }
+  double number_value(const std::string& key, const json& v, double lo) const {
+    if (!v.is_number()) fail(path(key), "must be a number", v);
+    const double d = v.get<double>();
+    if (!(d >= lo)) fail(path(key), fmt::format("must be >= {}", lo), v);
+    return d;
+  }
+
+  const std::filesystem::path& file_;
+  const json& obj_;
+  std::string prefix_;
+  std::set<std::string> seen_;
+};
+
+ModelSpec read_model(Reader r) {
+  ModelSpec m;
+  m.type = r.str("type", kModels);
+  m.dim = r.integer("dim", 1, 4096);
+  if (m.type == "mlp_layers") m.layers = r.integer("layers", 1, 64);
+  if (m.type == "transformer") {
+    m.vocab_size = r.integer("vocab_size", 2, 1 << 20);
+    m.n_layers = r.integer("n_layers", 1, 64);
+    m.n_heads = r.integer("n_heads", 1, 64);
+    m.seq_len = r.integer("seq_len", 1, 4096);
+    if (m.dim % m.n_heads != 0) r.fail(r.path("n_heads"), fmt::format("must divide dim {}", m.dim), json(m.n_heads));
+  }
+  r.no_unknown_keys();
+  return m;
+}
+
+Recipe read_recipe(Reader r) {
+  Recipe rc;
+  rc.kind = r.str("kind", kRecipes);
+  if (r.find("mixed_precision")) {
+    Reader mp = r.object("mixed_precision");
+    rc.mixed_precision = MixedPrecision{mp.str("param_dtype", kDtypes), mp.str_or("reduce_dtype", "float32", kDtypes)};
+    mp.no_unknown_keys();
+  }
+  rc.grad_accum = static_cast<int>(r.integer_or("grad_accum", 1, 1, 16));
+  rc.activation_checkpointing = r.boolean_or("activation_checkpointing", false);
+  if (rc.kind == "pipeline") {
+    rc.schedule = r.str("schedule", kSchedules);
+    rc.microbatches = static_cast<int>(r.integer("microbatches", 1, 64));
+  }
+  if (r.find("checkpoint_resume_at"))
+    rc.checkpoint_resume_at = static_cast<int>(r.integer("checkpoint_resume_at", 1, kMaxSteps - 1));
+  r.no_unknown_keys();
+  return rc;
+}
+
+// The mesh dim names each recipe expects (alternatives).
+std::vector<std::vector<std::string>> mesh_names_for(const std::string& kind) {
+  if (kind == "none" || kind == "ddp" || kind == "fsdp") return {{"dp"}};
+  if (kind == "tp") return {{"tp"}};
+  if (kind == "hsdp") return {{"replicate", "shard"}};
+  if (kind == "tp_fsdp") return {{"dp", "tp"}};
+  return {{"pp"}, {"dp", "pp"}};  // pipeline
+}
+
+int64_t mesh_size_of(const Scenario& s, const std::string& name) {
+  for (size_t i = 0; i < s.mesh_dim_names.size(); ++i)
+    if (s.mesh_dim_names[i] == name) return s.mesh_shape[i];
+  return 1;
+}
+
+// How the fields fit together.
+void check_consistency(const Scenario& s, Reader& r) {
+  const Recipe& rc = s.recipe;
+  auto fail = [&](const std::string& field, const std::string& what, const json& value) { r.fail(field, what, value); };
+  const auto expected = mesh_names_for(rc.kind);
+  if (std::find(expected.begin(), expected.end(), s.mesh_dim_names) == expected.end()) {
+    std::vector<std::string> alts;
+    for (const auto& e : expected) alts.push_back(json(e).dump());
+    fail("mesh.dim_names", fmt::format("recipe '{}' needs {}", rc.kind, fmt::join(alts, " or ")),
+         json(s.mesh_dim_names));
+  }
+  int64_t product = 1;
+  for (int64_t d : s.mesh_shape) product *= d;
+  if (product != s.world_size)
+    fail("mesh.shape", fmt::format("has {} ranks; world_size is {}", product, s.world_size), json(s.mesh_shape));
+  if (rc.kind == "none" && s.world_size != 1) fail("world_size", "recipe 'none' runs on 1 rank", json(s.world_size));
+  if ((rc.kind == "tp" || rc.kind == "tp_fsdp") && s.model.type != "mlp_stack")
+    fail("model.type", fmt::format("recipe '{}' needs model 'mlp_stack'", rc.kind), json(s.model.type));
+  const bool fsdp_kind = rc.kind == "fsdp" || rc.kind == "hsdp" || rc.kind == "tp_fsdp" ||
+                         (rc.kind == "pipeline" && mesh_size_of(s, "dp") > 1);
+  if (rc.mixed_precision && !fsdp_kind)
+    fail("recipe.mixed_precision", fmt::format("only FSDP recipes take a mixed precision policy, not '{}'", rc.kind),
+         json(rc.mixed_precision->param_dtype));
+  const int64_t dp = s.dp_size();
+  if (s.batch % dp != 0)
+    fail("batch", fmt::format("must split evenly over the {} data-parallel ranks", dp), json(s.batch));
+  if (rc.kind == "pipeline") {
+    const int64_t pp = mesh_size_of(s, "pp");
+    if (s.model.type != "mlp_layers")
+      fail("model.type", "recipe 'pipeline' needs model 'mlp_layers'", json(s.model.type));
+    else if (s.model.layers % pp != 0)
+      fail("model.layers", fmt::format("must split evenly into {} stages", pp), json(s.model.layers));
+    if ((s.batch / dp) % rc.microbatches != 0)
+      fail("recipe.microbatches", fmt::format("must divide the per-rank batch {}", s.batch / dp),
+           json(rc.microbatches));
+    if (rc.schedule == "1F1B" && rc.microbatches < pp)
+      fail("recipe.microbatches", fmt::format("1F1B needs at least {} (the number of stages)", pp),
+           json(rc.microbatches));
+    if (rc.grad_accum != 1)
+      fail("recipe.grad_accum", "not with recipe 'pipeline' (use microbatches)", json(rc.grad_accum));
+    if (rc.checkpoint_resume_at)
+      fail("recipe.checkpoint_resume_at", "not with recipe 'pipeline'", json(*rc.checkpoint_resume_at));
+    if (rc.activation_checkpointing) fail("recipe.activation_checkpointing", "not with recipe 'pipeline'", json(true));
+  }
+  if (rc.checkpoint_resume_at && *rc.checkpoint_resume_at >= s.steps)
+    fail("recipe.checkpoint_resume_at", fmt::format("must be below steps ({})", s.steps),
+         json(*rc.checkpoint_resume_at));
+}
+
+}  // namespace
+
+int64_t Scenario::dp_size() const {
+  const std::string& k = recipe.kind;
+  if (k == "ddp" || k == "fsdp" || k == "hsdp") return world_size;
+  if (k == "tp_fsdp" || k == "pipeline") return mesh_size_of(*this, "dp");
+  return 1;
+}
+
+Scenario load_scenario(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) throw ScenarioError(fmt::format("scenario '{}': cannot be read", file.string()));
+  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw ScenarioError(fmt::format("scenario '{}': not valid JSON", file.string()));
+  Reader r(file, j, "");
+  Scenario s;
+  s.file = file;
+  s.name = r.str("name");
+  if (s.name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos)
+    r.fail("name", "may hold only a-z, 0-9, '_' and '-' (it names files)", json(s.name));
+  s.description = r.str("description");
+  s.model = read_model(r.object("model"));
+  s.init_seed = r.integer("init_seed", 0, INT64_MAX);
+  s.data_seed = r.integer("data_seed", 0, INT64_MAX);
+  s.world_size = static_cast<int>(r.integer("world_size", 1, kMaxWorld));
+  {
+    Reader mesh = r.object("mesh");
+    const json& shape = mesh.need("shape");
+    const json& names = mesh.need("dim_names");
+    if (!shape.is_array() || shape.empty() || shape.size() > 2)
+      mesh.fail("mesh.shape", "must be an array of 1 or 2 sizes", shape);
+    for (const auto& d : shape) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 1) mesh.fail("mesh.shape", "sizes must be integers >= 1", shape);
+      s.mesh_shape.push_back(d.get<int64_t>());
+    }
+    if (!names.is_array() || names.size() != shape.size())
+      mesh.fail("mesh.dim_names", "must be an array with one name per mesh dim", names);
+    for (const auto& n : names) {
+      if (!n.is_string()) mesh.fail("mesh.dim_names", "names must be strings", names);
+      s.mesh_dim_names.push_back(n.get<std::string>());
+    }
+    mesh.no_unknown_keys();
+  }
+  s.recipe = read_recipe(r.object("recipe"));
+  s.batch = r.integer("batch", 1, 1 << 16);
+  {
+    Reader o = r.object("optimizer");
+    s.optimizer.type = o.str("type", kOptimizers);
+    s.optimizer.lr = o.number("lr", 0);
+    if (s.optimizer.type == "sgd") s.optimizer.momentum = o.number_or("momentum", 0, 0);
+    o.no_unknown_keys();
+  }
+  s.steps = static_cast<int>(r.integer("steps", 1, kMaxSteps));
+  {
+    Reader t = r.object("tolerance");
+    s.tolerance.rtol = t.number("rtol", 0);
+    s.tolerance.atol = t.number("atol", 0);
+    s.tolerance.why = t.str("why");
+    t.no_unknown_keys();
+  }
+  if (r.find("perturb_tdc")) {
+    Reader p = r.object("perturb_tdc");
+    s.perturb_tdc_lr_scale = p.number("lr_scale", 0);
+    p.no_unknown_keys();
+  }
+  r.no_unknown_keys();
+  check_consistency(s, r);
+  return s;
+}
+
+std::string describe_recipe(const Scenario& s) {
+  const Recipe& rc = s.recipe;
+  std::string mesh;
+  for (size_t i = 0; i < s.mesh_shape.size(); ++i)
+    mesh += fmt::format("{}{} {}", i ? " x " : "", s.mesh_dim_names[i], s.mesh_shape[i]);
+  std::string out = rc.kind == "none" ? "single process" : fmt::format("{} ({})", rc.kind, mesh);
+  if (rc.kind == "pipeline") out += fmt::format(" {} x{} mb", rc.schedule, rc.microbatches);
+  if (rc.mixed_precision)
+    out += fmt::format(" + {}/{}", rc.mixed_precision->param_dtype, rc.mixed_precision->reduce_dtype);
+  if (rc.grad_accum > 1) out += fmt::format(" + grad accum {}", rc.grad_accum);
+  if (rc.activation_checkpointing) out += " + act ckpt";
+  if (rc.checkpoint_resume_at) out += fmt::format(" + resume at step {}", *rc.checkpoint_resume_at);
+  return out;
+}
+
+}  // namespace tdc::parity
