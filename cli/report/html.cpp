@@ -1,33 +1,11 @@
-// HTML escaping for the report.
+// HTML escaping for the report: the harness's XML escaping (markup characters, control
+// characters and invalid UTF-8), which HTML reads the same way.
 #include "report/html.h"
+
+#include "tdc/harness/results.h"
 
 namespace tdc::cli {
 
-std::string html_escape(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
+std::string html_escape(std::string_view text) { return harness::xml_escape(std::string(text), false); }
 
 }  // namespace tdc::cli

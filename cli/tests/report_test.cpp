@@ -233,7 +233,7 @@ TEST(ReportSvg, DrawsOnePolylinePerSeriesWithItsPoints) {
 // ------------------------------------------------------------------ rendering
 
 TEST(ReportHtml, EscapesEveryCharacterThatCouldOpenMarkup) {
-  EXPECT_EQ(html_escape("<a href=\"x\">&'</a>"), "&lt;a href=&quot;x&quot;&gt;&amp;&#39;&lt;/a&gt;");
+  EXPECT_EQ(html_escape("<a href=\"x\">&'</a>"), "&lt;a href=&quot;x&quot;&gt;&amp;&apos;&lt;/a&gt;");
   EXPECT_EQ(html_escape("plain text"), "plain text");
 }
 

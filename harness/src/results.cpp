@@ -426,13 +426,18 @@ void append_xml_escaped(std::string& out, const std::string& s, bool attribute) 
   }
 }
 
-// Attribute value (default) or element text.
-std::string xml(const std::string& s, bool attribute = true) {
+}  // namespace
+
+std::string xml_escape(const std::string& s, bool attribute) {
   std::string out;
   out.reserve(s.size() + 16);
   append_xml_escaped(out, s, attribute);
   return out;
 }
+
+namespace {
+
+std::string xml(const std::string& s, bool attribute = true) { return xml_escape(s, attribute); }
 
 std::string seconds(double s) { return fmt::format("{:.3f}", s); }
 

@@ -87,6 +87,10 @@ RunResults read_results(const std::filesystem::path& p);
 // Atomic: written to a temp name, then renamed.
 void write_results_json(const RunResults& r, const std::filesystem::path& p);
 void write_junit_xml(const RunResults& r, const std::filesystem::path& p);
+// s as XML (and HTML) text: markup characters escaped; control characters and invalid UTF-8,
+// which XML 1.0 cannot carry, replaced visibly. In an attribute value (attribute = true)
+// newlines and tabs are escaped too, so a parser keeps them.
+std::string xml_escape(const std::string& s, bool attribute = true);
 
 // Expectations: {"tests": {"Suite.Name": {"status": "FAIL|SKIP|...", "reason": "..."}}}
 // A test expected to fail that fails becomes XFAIL; one that passes becomes XPASS.
