@@ -26,7 +26,7 @@ struct RunSettings {
   std::string results_path;
   std::string junit_path;
   std::string expectations_path;
-  int events_fd = -1;  // progress stream (JSON lines) for `tdc run`
+  int events_fd = -1;          // progress stream (JSON lines) for `tdc run`
   std::string implementation;  // --tdc_implementation; empty: the declared one
   std::string implementation_version;
 };
