@@ -164,8 +164,9 @@ TEST(ParityScenario, MalformedFilesNameFileFieldAndValue) {
   };
   const std::vector<Case> cases = {
       {[](auto& j) { j.erase("steps"); }, file + ": missing field 'steps'"},
-      {[](auto& j) { j["recipe"]["kind"] = "zero3"; }, file + ": field 'recipe.kind': unknown value (known: none, ddp, "
-                                                              "tp, fsdp, hsdp, tp_fsdp, pipeline) (value: \"zero3\")"},
+      {[](auto& j) { j["recipe"]["kind"] = "zero3"; },
+       file + ": field 'recipe.kind': unknown value (known: none, ddp, "
+              "tp, fsdp, hsdp, tp_fsdp, pipeline, fsdp1) (value: \"zero3\")"},
       {[](auto& j) { j["world_size"] = 5; }, file + ": field 'world_size': out of range: must be 1..4 (value: 5)"},
       {[](auto& j) { j["world_size"] = 0; }, file + ": field 'world_size': out of range: must be 1..4 (value: 0)"},
       {[](auto& j) { j["mesh"]["shape"] = {4}; },
@@ -184,6 +185,66 @@ TEST(ParityScenario, MalformedFilesNameFileFieldAndValue) {
     c.edit(j);
     EXPECT_EQ(ScenarioFile(j).error(), c.want);
   }
+}
+
+// FSDP1 scenarios: the FSDP1 test models go with recipe fsdp1 only, and take no seeds or batch.
+nlohmann::json valid_fsdp1() {
+  return nlohmann::json::parse(R"({
+    "name": "x", "description": "d", "model": {"type": "nested_wrapped_module"}, "world_size": 2,
+    "mesh": {"shape": [2], "dim_names": ["dp"]},
+    "recipe": {"kind": "fsdp1", "sharding_strategy": "SHARD_GRAD_OP", "use_orig_params": true},
+    "optimizer": {"type": "sgd", "lr": 0.01, "momentum": 0.9}, "steps": 3,
+    "tolerance": {"rtol": 0, "atol": 0, "why": "w"}})");
+}
+
+TEST(ParityScenario, Fsdp1ScenariosAreChecked) {
+  {
+    const ScenarioFile f(valid_fsdp1());
+    ASSERT_EQ(f.error(), "(no error)");
+    const Scenario s = load_scenario(f.path_);
+    EXPECT_EQ(s.recipe.sharding_strategy, "SHARD_GRAD_OP");
+    EXPECT_TRUE(s.recipe.use_orig_params);
+    EXPECT_TRUE(s.model.is_fsdp1_fixture());
+    EXPECT_EQ(s.dp_size(), 2);
+    EXPECT_EQ(describe_recipe(s), "fsdp1 (dp 2) SHARD_GRAD_OP orig");
+  }
+  const std::string file = "scenario '" + (fs::temp_directory_path() / "tdc_parity_bad_scenario.json").string() + "'";
+  struct Case {
+    std::function<void(nlohmann::json&)> edit;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {[](auto& j) { j["init_seed"] = 1; },
+       file + ": field 'init_seed': not with model 'nested_wrapped_module': the fixture seeds its own weights and "
+              "draws its own inputs (value: 1)"},
+      {[](auto& j) { j["batch"] = 8; },
+       file + ": field 'batch': not with model 'nested_wrapped_module': the fixture seeds its own weights and draws "
+              "its own inputs (value: 8)"},
+      {[](auto& j) { j["model"]["dim"] = 8; }, file + ": field 'model.dim': unknown field (value: 8)"},
+      {[](auto& j) { j["recipe"]["sharding_strategy"] = "ZERO3"; },
+       file + ": field 'recipe.sharding_strategy': unknown value (known: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD) "
+              "(value: \"ZERO3\")"},
+      {[](auto& j) { j["recipe"].erase("sharding_strategy"); }, file + ": missing field 'recipe.sharding_strategy'"},
+      {[](auto& j) {
+         j["recipe"] = {{"kind", "fsdp"}};
+       },
+       file + ": field 'recipe.kind': model 'nested_wrapped_module' (an FSDP1 test model) needs recipe 'fsdp1' "
+              "(value: \"fsdp\")"},
+      {[](auto& j) { j["recipe"]["grad_accum"] = 2; },
+       file + ": field 'recipe.grad_accum': not with recipe 'fsdp1' (value: 2)"},
+  };
+  for (const auto& c : cases) {
+    nlohmann::json j = valid_fsdp1();
+    c.edit(j);
+    EXPECT_EQ(ScenarioFile(j).error(), c.want);
+  }
+  // recipe fsdp1 on a model that is not an FSDP1 test model
+  nlohmann::json j = valid();
+  j["recipe"] = {{"kind", "fsdp1"}, {"sharding_strategy", "FULL_SHARD"}};
+  EXPECT_EQ(ScenarioFile(j).error(),
+            file +
+                ": field 'model.type': recipe 'fsdp1' needs an FSDP1 test model (nested_wrapped_module, "
+                "transformer_with_shared_params) (value: \"mlp_stack\")");
 }
 
 }  // namespace

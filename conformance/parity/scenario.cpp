@@ -16,8 +16,10 @@ namespace {
 
 using json = nlohmann::json;
 
-const std::vector<std::string> kRecipes = {"none", "ddp", "tp", "fsdp", "hsdp", "tp_fsdp", "pipeline"};
-const std::vector<std::string> kModels = {"mlp_stack", "mlp_layers", "transformer"};
+const std::vector<std::string> kRecipes = {"none", "ddp", "tp", "fsdp", "hsdp", "tp_fsdp", "pipeline", "fsdp1"};
+const std::vector<std::string> kModels = {"mlp_stack", "mlp_layers", "transformer", "nested_wrapped_module",
+                                          "transformer_with_shared_params"};
+const std::vector<std::string> kShardingStrategies = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"};
 const std::vector<std::string> kOptimizers = {"sgd", "adam"};
 const std::vector<std::string> kDtypes = {"float32", "bfloat16", "float16"};
 const std::vector<std::string> kSchedules = {"GPipe", "1F1B"};
@@ -112,6 +114,10 @@ class Reader {
 ModelSpec read_model(Reader r) {
   ModelSpec m;
   m.type = r.str("type", kModels);
+  if (m.is_fsdp1_fixture()) {  // the fixture fixes its own sizes
+    r.no_unknown_keys();
+    return m;
+  }
   m.dim = r.integer("dim", 1, 4096);
   if (m.type == "mlp_layers") m.layers = r.integer("layers", 1, 64);
   if (m.type == "transformer") {
@@ -128,6 +134,10 @@ ModelSpec read_model(Reader r) {
 Recipe read_recipe(Reader r) {
   Recipe rc;
   rc.kind = r.str("kind", kRecipes);
+  if (rc.kind == "fsdp1") {
+    rc.sharding_strategy = r.str("sharding_strategy", kShardingStrategies);
+    rc.use_orig_params = r.boolean_or("use_orig_params", false);
+  }
   if (r.find("mixed_precision")) {
     Reader mp = r.object("mixed_precision");
     rc.mixed_precision = MixedPrecision{mp.str("param_dtype", kDtypes), mp.str_or("reduce_dtype", "float32", kDtypes)};
@@ -147,7 +157,7 @@ Recipe read_recipe(Reader r) {
 
 // The mesh dim names each recipe expects (alternatives).
 std::vector<std::vector<std::string>> mesh_names_for(const std::string& kind) {
-  if (kind == "none" || kind == "ddp" || kind == "fsdp") return {{"dp"}};
+  if (kind == "none" || kind == "ddp" || kind == "fsdp" || kind == "fsdp1") return {{"dp"}};
   if (kind == "tp") return {{"tp"}};
   if (kind == "hsdp") return {{"replicate", "shard"}};
   if (kind == "tp_fsdp") return {{"dp", "tp"}};
@@ -176,6 +186,20 @@ void check_consistency(const Scenario& s, Reader& r) {
   if (product != s.world_size)
     fail("mesh.shape", fmt::format("has {} ranks; world_size is {}", product, s.world_size), json(s.mesh_shape));
   if (rc.kind == "none" && s.world_size != 1) fail("world_size", "recipe 'none' runs on 1 rank", json(s.world_size));
+  if ((rc.kind == "fsdp1") != s.model.is_fsdp1_fixture())
+    fail(rc.kind == "fsdp1" ? "model.type" : "recipe.kind",
+         rc.kind == "fsdp1" ? "recipe 'fsdp1' needs an FSDP1 test model (nested_wrapped_module, "
+                              "transformer_with_shared_params)"
+                            : fmt::format("model '{}' (an FSDP1 test model) needs recipe 'fsdp1'", s.model.type),
+         json(rc.kind == "fsdp1" ? s.model.type : rc.kind));
+  if (rc.kind == "fsdp1") {
+    if (rc.mixed_precision)
+      fail("recipe.mixed_precision", "not with recipe 'fsdp1'", json(rc.mixed_precision->param_dtype));
+    if (rc.grad_accum != 1) fail("recipe.grad_accum", "not with recipe 'fsdp1'", json(rc.grad_accum));
+    if (rc.activation_checkpointing) fail("recipe.activation_checkpointing", "not with recipe 'fsdp1'", json(true));
+    if (rc.checkpoint_resume_at)
+      fail("recipe.checkpoint_resume_at", "not with recipe 'fsdp1'", json(*rc.checkpoint_resume_at));
+  }
   if ((rc.kind == "tp" || rc.kind == "tp_fsdp") && s.model.type != "mlp_stack")
     fail("model.type", fmt::format("recipe '{}' needs model 'mlp_stack'", rc.kind), json(s.model.type));
   const bool fsdp_kind = rc.kind == "fsdp" || rc.kind == "hsdp" || rc.kind == "tp_fsdp" ||
@@ -184,7 +208,7 @@ void check_consistency(const Scenario& s, Reader& r) {
     fail("recipe.mixed_precision", fmt::format("only FSDP recipes take a mixed precision policy, not '{}'", rc.kind),
          json(rc.mixed_precision->param_dtype));
   const int64_t dp = s.dp_size();
-  if (s.batch % dp != 0)
+  if (!s.model.is_fsdp1_fixture() && s.batch % dp != 0)
     fail("batch", fmt::format("must split evenly over the {} data-parallel ranks", dp), json(s.batch));
   if (rc.kind == "pipeline") {
     const int64_t pp = mesh_size_of(s, "pp");
@@ -211,9 +235,13 @@ void check_consistency(const Scenario& s, Reader& r) {
 
 }  // namespace
 
+bool ModelSpec::is_fsdp1_fixture() const {
+  return type == "nested_wrapped_module" || type == "transformer_with_shared_params";
+}
+
 int64_t Scenario::dp_size() const {
   const std::string& k = recipe.kind;
-  if (k == "ddp" || k == "fsdp" || k == "hsdp") return world_size;
+  if (k == "ddp" || k == "fsdp" || k == "hsdp" || k == "fsdp1") return world_size;
   if (k == "tp_fsdp" || k == "pipeline") return mesh_size_of(*this, "dp");
   return 1;
 }
@@ -231,8 +259,19 @@ Scenario load_scenario(const std::filesystem::path& file) {
     r.fail("name", "may hold only a-z, 0-9, '_' and '-' (it names files)", json(s.name));
   s.description = r.str("description");
   s.model = read_model(r.object("model"));
-  s.init_seed = r.integer("init_seed", 0, INT64_MAX);
-  s.data_seed = r.integer("data_seed", 0, INT64_MAX);
+  // The FSDP1 test models seed their weights (deterministic=True) and inputs (get_input) themselves.
+  const bool fixture = s.model.is_fsdp1_fixture();
+  for (const char* key : {"init_seed", "data_seed", "batch"}) {
+    if (fixture && r.find(key))
+      r.fail(
+          key,
+          fmt::format("not with model '{}': the fixture seeds its own weights and draws its own inputs", s.model.type),
+          *r.find(key));
+  }
+  if (!fixture) {
+    s.init_seed = r.integer("init_seed", 0, INT64_MAX);
+    s.data_seed = r.integer("data_seed", 0, INT64_MAX);
+  }
   s.world_size = static_cast<int>(r.integer("world_size", 1, kMaxWorld));
   {
     Reader mesh = r.object("mesh");
@@ -253,7 +292,7 @@ Scenario load_scenario(const std::filesystem::path& file) {
     mesh.no_unknown_keys();
   }
   s.recipe = read_recipe(r.object("recipe"));
-  s.batch = r.integer("batch", 1, 1 << 16);
+  if (!fixture) s.batch = r.integer("batch", 1, 1 << 16);
   {
     Reader o = r.object("optimizer");
     s.optimizer.type = o.str("type", kOptimizers);
@@ -286,6 +325,7 @@ std::string describe_recipe(const Scenario& s) {
     mesh += fmt::format("{}{} {}", i ? " x " : "", s.mesh_dim_names[i], s.mesh_shape[i]);
   std::string out = rc.kind == "none" ? "single process" : fmt::format("{} ({})", rc.kind, mesh);
   if (rc.kind == "pipeline") out += fmt::format(" {} x{} mb", rc.schedule, rc.microbatches);
+  if (rc.kind == "fsdp1") out += fmt::format(" {}{}", rc.sharding_strategy, rc.use_orig_params ? " orig" : "");
   if (rc.mixed_precision)
     out += fmt::format(" + {}/{}", rc.mixed_precision->param_dtype, rc.mixed_precision->reduce_dtype);
   if (rc.grad_accum > 1) out += fmt::format(" + grad accum {}", rc.grad_accum);

@@ -7,9 +7,13 @@ recipe, an optimizer and a number of steps. For each one this script
   1. draws the initial weights (torch.manual_seed(init_seed), then the model's constructor) and
      every step's global batches (a generator seeded with data_seed) and writes them to
      INPUTS/<name>.safetensors: init.<fqn> (full parameters), data.step<s>.micro<m>.input/.target;
+     the FSDP1 test models of common_fsdp (NestedWrappedModule, TransformerWithSharedParams) seed
+     their own weights (deterministic=True) and draw their own inputs (get_input, per rank): each
+     rank's inputs go in as data.step<s>.rank<r>.input<i>;
      tdc's side (tdc_parity_runner) loads the same file, so both start from the same numbers;
   2. trains on world_size forked ranks (gloo on the CPU, 1 thread per rank) with PyTorch's own
-     DDP / tensor parallel / fully_shard / pipelining / DCP, as the recipe says;
+     DDP / tensor parallel / fully_shard / FSDP1 (FullyShardedDataParallel) / pipelining / DCP,
+     as the recipe says;
   3. writes TRACES/<name>.pytorch.json (schema "tdc-parity-trace/1"): per step the loss (mean of
      the local losses of the ranks that compute one) and the gradient norm (of the full gradients,
      before the optimizer step), and after the last step sum / abs_sum / norm of every full
@@ -45,7 +49,9 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from torch.distributed._composable import checkpoint  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP  # noqa: E402
+from torch.distributed.fsdp import MixedPrecisionPolicy, ShardingStrategy, fully_shard  # noqa: E402
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy  # noqa: E402
 from torch.distributed.pipelining import PipelineStage  # noqa: E402
 from torch.distributed.pipelining.schedules import Schedule1F1B, ScheduleGPipe  # noqa: E402
 from torch.distributed.tensor import DTensor, Shard  # noqa: E402
@@ -71,14 +77,36 @@ DTENSOR_MODELS = dtensor_module()
 FSDP_MODELS.__dict__.update(ColwiseParallel=ColwiseParallel, RowwiseParallel=RowwiseParallel,
                             SequenceParallel=SequenceParallel, Shard=Shard,
                             parallelize_module=parallelize_module, checkpoint=checkpoint,
-                            fully_shard=fully_shard)
+                            fully_shard=fully_shard, ModuleWrapPolicy=ModuleWrapPolicy,
+                            ShardingStrategy=ShardingStrategy)
+# The FSDP1 test models (common_fsdp), built as the FSDP1 tests build them: deterministic=True.
+FSDP1_MODELS = {"nested_wrapped_module": FSDP_MODELS.NestedWrappedModule,
+                "transformer_with_shared_params": FSDP_MODELS.TransformerWithSharedParams}
+FSDP_WRAPPED = "_fsdp_wrapped_module."
 SCHEDULES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 # ------------------------------------------------------------------ model, data, loss
-def build_model(model):
+class RankGroup:
+    """What an FSDP1 test model reads of its process group (rank, size): for drawing a rank's inputs
+    outside the ranks."""
+
+    def __init__(self, rank, size):
+        self._rank, self._size = rank, size
+
+    def rank(self):
+        return self._rank
+
+    def size(self):
+        return self._size
+
+
+def build_model(model, group=None):
     kind = model["type"]
+    if kind in FSDP1_MODELS:  # unwrapped (NO_FSDP), on the CPU, seeded by the fixture itself
+        return FSDP1_MODELS[kind].init(group or RankGroup(0, 1), FSDP_MODELS.FSDPInitMode.NO_FSDP,
+                                       FSDP_MODELS.DEVICEInitMode.DEVICE_NEVER, deterministic=True)
     if kind == "mlp_stack":
         return FSDP_MODELS.MLPStack(model["dim"])
     if kind == "mlp_layers":
@@ -105,6 +133,8 @@ def loss_of(y, target):
 
 
 def draw_inputs(sc):
+    if sc["model"]["type"] in FSDP1_MODELS:
+        return draw_fsdp1_inputs(sc)
     torch.manual_seed(sc["init_seed"])
     model = build_model(sc["model"])
     out = {f"init.{k}": v.detach().clone().contiguous() for k, v in model.named_parameters()}
@@ -122,6 +152,20 @@ def draw_inputs(sc):
     return out
 
 
+def draw_fsdp1_inputs(sc):
+    """The fixture's own weights and, per step and rank, what its get_input gives that rank (the
+    FSDP1 tests call get_input every step; it reseeds with 1 + rank, so every step sees the same)."""
+    ws = sc["world_size"]
+    model = build_model(sc["model"])
+    out = {f"init.{k}": v.detach().clone().contiguous() for k, v in model.named_parameters()}
+    per_rank = [build_model(sc["model"], RankGroup(r, ws)).get_input(torch.device("cpu")) for r in range(ws)]
+    for s in range(sc["steps"]):
+        for r, tensors in enumerate(per_rank):
+            for i, t in enumerate(tensors):
+                out[f"data.step{s}.rank{r}.input{i}"] = t.clone().contiguous()
+    return out
+
+
 # ------------------------------------------------------------------ the recipes
 class Run:
     """One rank's parallelized model: what trains, what the optimizer sees, how FQNs map."""
@@ -135,6 +179,8 @@ class Run:
         self.dp_index, self.dp_size = 0, 1
         self.fsdp_root = None  # for set_requires_gradient_sync
         self.ddp = None
+        self.fsdp1_root = None  # the root FullyShardedDataParallel (recipe fsdp1)
+        self.test_model = None  # the FSDPTestModel inside it (get_loss)
 
 
 def mesh_of(sc):
@@ -152,8 +198,41 @@ def mp_policy(recipe):
                                 reduce_dtype=DTYPES[mp_spec.get("reduce_dtype", "float32")])
 
 
+def clean_fqn(fqn):
+    return fqn.replace(FSDP_WRAPPED, "")
+
+
+def build_fsdp1(sc, inputs, mesh):
+    """As test_fsdp_core's _test_fsdp_parity: model_class.init(group, RECURSIVE, DEVICE_BEFORE,
+    fsdp_kwargs, deterministic=True), then a root FSDP unit when init did not wrap the root; the
+    weights of the inputs file are then written into the full parameters (summon_full_params with
+    writeback)."""
+    recipe = sc["recipe"]
+    group = mesh.get_group()
+    # device_id: FSDP1 refuses a CPU module unless told that the CPU is the compute device.
+    kwargs = {"sharding_strategy": ShardingStrategy[recipe["sharding_strategy"]],
+              "use_orig_params": recipe.get("use_orig_params", False), "device_id": torch.device("cpu")}
+    cls = FSDP1_MODELS[sc["model"]["type"]]
+    model = cls.init(group, FSDP_MODELS.FSDPInitMode.RECURSIVE, FSDP_MODELS.DEVICEInitMode.DEVICE_BEFORE,
+                     dict(kwargs), deterministic=True)
+    if not isinstance(model, FSDP):
+        model = FSDP(model, group, **kwargs)
+    with FSDP.summon_full_params(model, writeback=True), torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(inputs[f"init.{clean_fqn(name)}"])
+    run = Run()
+    run.fsdp1_root = model
+    run.test_model = model.module
+    run.call = model
+    run.dp_index, run.dp_size = mesh.get_local_rank(), mesh.size()
+    run.parts = [(None, model)]
+    return run
+
+
 def build(sc, inputs, mesh):
     recipe, kind, mtype = sc["recipe"], sc["recipe"]["kind"], sc["model"]["type"]
+    if kind == "fsdp1":
+        return build_fsdp1(sc, inputs, mesh)
     torch.manual_seed(sc["init_seed"])
     model = build_model(sc["model"])
     with torch.no_grad():
@@ -246,8 +325,41 @@ def full(t):
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
+def all_ranks_sum(values):
+    """{key: value} summed over the ranks (float64 all-reduce, keys in sorted order)."""
+    keys = sorted(values)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(t)
+    return {k: float(v) for k, v in zip(keys, t.tolist())}
+
+
+def fsdp1_grad_squares(run):
+    """[Note: FSDP1 gradient trace] A rank holds only its shard of each unit's flat gradient.
+    use_orig_params=True: per original parameter (its local 1-D part, empty or without a gradient
+    when the shard holds none of it); use_orig_params=False: per unit, the flat parameter's local
+    shard ("<unit FQN>._flat_param", wrapper-free). Squares are summed in float64 on each rank and
+    then over the ranks; the padding is zero."""
+    local = {}
+    if run.fsdp1_root._use_orig_params:
+        for fqn, p in run.fsdp1_root.named_parameters():
+            g = p.grad
+            local[clean_fqn(fqn)] = 0.0 if g is None else float((g.detach().double() ** 2).sum())
+    else:
+        for fqn, m in run.fsdp1_root.named_modules():
+            if not isinstance(m, FSDP) or m._handle is None:
+                continue
+            g = m._handle.flat_param.grad
+            if g is None:
+                raise RuntimeError(f"FSDP unit '{fqn}' has no flat gradient after backward")
+            key = clean_fqn(f"{fqn}.{FSDP_WRAPPED}_flat_param" if fqn else f"{FSDP_WRAPPED}_flat_param")
+            local[key] = float((g.detach().double() ** 2).sum())
+    return all_ranks_sum(local)
+
+
 def grad_squares(run):
     """{fqn: sum of squares of the full gradient} (float64); collective for DTensors."""
+    if run.fsdp1_root is not None:
+        return fsdp1_grad_squares(run)
     out = {}
     for offset, m in run.parts:
         for fqn, p in m.named_parameters():
@@ -260,6 +372,13 @@ def grad_squares(run):
 
 def param_checksums(run):
     out = {}
+    if run.fsdp1_root is not None:  # the full parameters, as summon_full_params shows them
+        with FSDP.summon_full_params(run.fsdp1_root, writeback=False):
+            for fqn, p in run.fsdp1_root.named_parameters():
+                v = p.detach().double()
+                out[clean_fqn(fqn)] = {"sum": float(v.sum()), "abs_sum": float(v.abs().sum()),
+                                       "norm": float(v.norm())}
+        return out
     for offset, m in run.parts:
         for fqn, p in m.named_parameters():
             v = full(p.detach()).double()
@@ -277,6 +396,16 @@ def train_step(sc, run, inputs, s):
     """Forward + backward of every micro step; the rank's mean local loss, or None (pipelining
     ranks without the last stage)."""
     recipe = sc["recipe"]
+    if run.fsdp1_root is not None:  # the fixture's inputs for this rank and its loss
+        rank = dist.get_rank()
+        x, i = [], 0
+        while f"data.step{s}.rank{rank}.input{i}" in inputs:
+            x.append(inputs[f"data.step{s}.rank{rank}.input{i}"])
+            i += 1
+        x = tuple(x)
+        loss = run.test_model.get_loss(x, run.call(*x))
+        run.test_model.run_backward(loss)
+        return float(loss)
     if run.schedule is not None:
         x = local(inputs[f"data.step{s}.micro0.input"], run)
         y = local(inputs[f"data.step{s}.micro0.target"], run)

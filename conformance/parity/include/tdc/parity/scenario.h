@@ -24,12 +24,18 @@ struct ScenarioError : std::runtime_error {
 };
 
 // The model: "mlp_stack" (common_fsdp MLPStack(dim)), "mlp_layers" (a Sequential of `layers`
-// common_fsdp MLP(dim)), "transformer" (common_dtensor Transformer, dropout 0, tied embeddings).
+// common_fsdp MLP(dim)), "transformer" (common_dtensor Transformer, dropout 0, tied embeddings);
+// the FSDP1 test models of common_fsdp, built as the FSDP1 tests build them (deterministic=True:
+// the fixture seeds its own weights; its get_input gives each rank its inputs, its get_loss the
+// loss): "nested_wrapped_module" (NestedWrappedModule), "transformer_with_shared_params"
+// (TransformerWithSharedParams, eval mode, dropout off). These take no other field.
 struct ModelSpec {
   std::string type;
   int64_t dim = 0;
   int64_t layers = 0;                                              // mlp_layers
   int64_t vocab_size = 0, n_layers = 0, n_heads = 0, seq_len = 0;  // transformer
+  // One of the FSDP1 test models: no seeds and no batch in the scenario (the fixture has them).
+  bool is_fsdp1_fixture() const;
 };
 
 struct MixedPrecision {
@@ -37,9 +43,13 @@ struct MixedPrecision {
   std::string reduce_dtype = "float32";
 };
 
-// How the model is parallelized. kind: none, ddp, tp, fsdp, hsdp, tp_fsdp, pipeline.
+// How the model is parallelized. kind: none, ddp, tp, fsdp, hsdp, tp_fsdp, pipeline, fsdp1
+// (FullyShardedDataParallel as the FSDP1 tests wrap their models: the model's init with
+// FSDPInitMode.RECURSIVE, then a root unit).
 struct Recipe {
   std::string kind;
+  std::string sharding_strategy;                  // fsdp1: "FULL_SHARD", "SHARD_GRAD_OP" or "NO_SHARD"
+  bool use_orig_params = false;                   // fsdp1
   std::optional<MixedPrecision> mixed_precision;  // FSDP kinds
   int grad_accum = 1;                             // micro-batches per step (not pipeline)
   bool activation_checkpointing = false;          // per block, before fully_shard
@@ -65,12 +75,12 @@ struct Scenario {
   std::filesystem::path file;
   std::string name, description;
   ModelSpec model;
-  int64_t init_seed = 0, data_seed = 0;
+  int64_t init_seed = 0, data_seed = 0;  // not for the FSDP1 test models (0)
   int world_size = 1;
   std::vector<int64_t> mesh_shape;
   std::vector<std::string> mesh_dim_names;
   Recipe recipe;
-  int64_t batch = 0;  // global rows (sequences) per micro-batch
+  int64_t batch = 0;  // global rows (sequences) per micro-batch; 0 for the FSDP1 test models
   OptimizerSpec optimizer;
   int steps = 0;
   Tolerance tolerance;
