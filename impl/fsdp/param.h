@@ -12,6 +12,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "common.h"
+#include "storage.h"
 #include "tdc/fsdp/all_gather_extension.h"
 #include "tdc/fsdp/fully_shard.h"
 #include "tdc/tensor/dtensor.h"
@@ -126,11 +127,5 @@ class FSDPParam {
   std::vector<at::Tensor> ext_outputs_, ext_to_free_;
   std::shared_ptr<void> ext_meta_;
 };
-
-// Storage of a tensor freed / re-allocated in place (every alias sees the change).
-void free_storage(const at::Tensor& t);
-void alloc_storage(const at::Tensor& t);
-// Writes `src` into `dst` without bumping dst's version counter (autograd saved aliases of it).
-void copy_quietly(const at::Tensor& dst, const at::Tensor& src);
 
 }  // namespace tdc::fsdp

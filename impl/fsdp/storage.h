@@ -1,0 +1,15 @@
+// Storage tricks FSDP1 and FSDP2 share: an unsharded tensor keeps its identity (autograd saved
+// views of it) while its memory is freed and re-allocated.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace tdc::fsdp {
+
+// Storage of a tensor freed / re-allocated in place (every alias sees the change).
+void free_storage(const at::Tensor& t);
+void alloc_storage(const at::Tensor& t);
+// Writes `src` into `dst` without bumping dst's version counter (autograd saved aliases of it).
+void copy_quietly(const at::Tensor& dst, const at::Tensor& src);
+
+}  // namespace tdc::fsdp

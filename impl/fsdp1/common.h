@@ -1,0 +1,42 @@
+// FSDP1's shared vocabulary inside libtdc: names, the lifecycle check, the test-observer calls.
+#pragma once
+
+#include <initializer_list>
+#include <string>
+
+#include "tdc/fsdp1/fully_sharded_data_parallel.h"
+
+namespace tdc::fsdp1::detail {
+
+class FlatParamHandle;
+
+inline constexpr const char* kFlatParamName = "_flat_param";
+inline constexpr const char* kWrappedModuleName = "_fsdp_wrapped_module";
+
+// `fqn` without the FSDP wrapper segments ("_fsdp_wrapped_module."), as PyTorch's state dicts.
+std::string clean_fqn(const std::string& fqn);
+
+// Throws std::logic_error "FSDP unit <who>: <action> while <state>; it needs <expected>".
+[[noreturn]] void throw_lifecycle_error(const std::string& who, const char* action, const std::string& now,
+                                        const std::string& expected);
+template <class State>
+void check_state(const std::string& who, const char* action, State now, std::initializer_list<State> allowed) {
+  for (State s : allowed) {
+    if (s == now) return;
+  }
+  std::string expected;
+  for (State s : allowed) expected += (expected.empty() ? "" : " or ") + std::string(to_string(s));
+  throw_lifecycle_error(who, action, to_string(now), expected);
+}
+
+}  // namespace tdc::fsdp1::detail
+
+namespace tdc::fsdp1::testing::detail {
+// Calls the calling thread's observers (testing.h), if any.
+void notify_register_pre_backward_hooks();
+void notify_register_post_backward_hook();
+void notify_unsharded_views(bool as_params);
+void notify_before_reshard(const fsdp1::detail::FlatParamHandle& handle);
+// Counts a pre-backward hook registered on `tensor`.
+void count_pre_backward_hook(const at::Tensor& tensor);
+}  // namespace tdc::fsdp1::testing::detail

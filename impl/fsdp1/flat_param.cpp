@@ -1,0 +1,296 @@
+// FlatParamHandle (flat_param.h): [Note: FSDP1 flat parameter].
+#include "flat_param.h"
+
+#include "../fsdp/storage.h"
+#include "common.h"
+#include "tdc/comm/collectives.h"
+#include "tdc/fsdp1/testing.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+namespace tdc::fsdp1::detail {
+
+namespace {
+
+at::Tensor detached_view(const at::Tensor& base, int64_t offset, int64_t numel, const std::vector<int64_t>& shape) {
+  return base.detach().narrow(0, offset, numel).view(shape);
+}
+
+void scale_if_needed(at::Tensor& t, double factor) {
+  if (factor > 1.0) t.div_(factor);
+}
+
+}  // namespace
+
+FlatParamHandle::FlatParamHandle(std::vector<ParamSlot> slots, std::vector<SharedSlot> shared,
+                                 const std::vector<at::Tensor>& values, HandleConfig config)
+    : slots_(std::move(slots)), shared_(std::move(shared)), config_(std::move(config)) {
+  for (const auto& s : slots_) numel_ += s.numel;
+  const int64_t world = config_.sharded ? config_.shard_pg->size() : 1;
+  padded_numel_ = (numel_ + world - 1) / world * world;
+  const int64_t shard_numel = padded_numel_ / world;
+  shard_offset_ = config_.sharded ? config_.shard_pg->rank() * shard_numel : 0;
+  at::NoGradGuard no_grad;
+  at::Tensor full = at::zeros({padded_numel_}, values.front().options().requires_grad(false));
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    full.narrow(0, slots_[i].offset, slots_[i].numel).copy_(values[i].detach().reshape({-1}));
+  }
+  at::Tensor shard = config_.sharded ? full.narrow(0, shard_offset_, shard_numel).clone() : full.narrow(0, 0, numel_);
+  bool any_grad = false;
+  for (const auto& s : slots_) any_grad = any_grad || s.requires_grad;
+  flat_param_ = shard.detach().requires_grad_(any_grad);
+  if (config_.use_orig_params) make_orig_views();
+}
+
+// This rank's part of each slot within the shard (possibly empty); NO_SHARD: the whole slot.
+void FlatParamHandle::make_orig_views() {
+  orig_.clear();
+  const int64_t shard_numel = flat_param_.numel();
+  for (const auto& s : slots_) {
+    at::Tensor v;
+    if (!config_.sharded) {
+      v = detached_view(flat_param_, s.offset, s.numel, s.shape);
+    } else {
+      const int64_t lo = std::clamp(s.offset - shard_offset_, int64_t{0}, shard_numel);
+      const int64_t hi = std::clamp(s.offset + s.numel - shard_offset_, int64_t{0}, shard_numel);
+      v = flat_param_.detach().narrow(0, lo, hi - lo);
+    }
+    orig_.push_back(v.requires_grad_(s.requires_grad));
+  }
+}
+
+at::ScalarType FlatParamHandle::compute_dtype() const {
+  return config_.mp && config_.mp->param_dtype ? *config_.mp->param_dtype : param_dtype();
+}
+
+at::ScalarType FlatParamHandle::reduce_dtype() const {
+  if (config_.mp && config_.mp->reduce_dtype) return *config_.mp->reduce_dtype;
+  return compute_dtype();
+}
+
+void FlatParamHandle::set_state(HandleTrainingState next, const char* action,
+                                std::initializer_list<HandleTrainingState> allowed) {
+  check_state(config_.label, action, state_, allowed);
+  state_ = next;
+}
+
+// ------------------------------------------------------------------ registration
+
+void FlatParamHandle::move_to(c10::Device device, nn::Module& wrapped) {
+  if (flat_param_.device() == device) return;
+  at::NoGradGuard no_grad;
+  reshard();
+  unsharded_ = at::Tensor();
+  flat_param_.set_data(flat_param_.detach().to(device));
+  if (config_.use_orig_params) {
+    make_orig_views();
+  }
+  register_sharded(wrapped);
+}
+
+void FlatParamHandle::register_sharded(nn::Module& wrapped) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    slots_[i].module->replace_param(slots_[i].name, config_.use_orig_params ? orig_[i] : at::Tensor());
+  }
+  for (const auto& s : shared_) {
+    s.module->replace_param(s.name, config_.use_orig_params ? orig_[s.primary] : at::Tensor());
+  }
+  if (!config_.use_orig_params) {
+    if (wrapped.find_param(kFlatParamName)) {
+      wrapped.replace_param(kFlatParamName, flat_param_);
+    } else {
+      wrapped.register_param(kFlatParamName, flat_param_, flat_param_.requires_grad());
+    }
+  }
+}
+
+void FlatParamHandle::register_full(nn::Module& wrapped, const at::Tensor& full, bool with_grads) {
+  std::vector<at::Tensor> views = views_of(full);
+  at::Tensor full_grad = with_grads ? gather_full_grad() : at::Tensor();
+  std::vector<at::Tensor> grad_views = full_grad.defined() ? views_of(full_grad) : std::vector<at::Tensor>{};
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    views[i].requires_grad_(slots_[i].requires_grad);
+    if (!grad_views.empty()) views[i].mutable_grad() = grad_views[i];
+    slots_[i].module->replace_param(slots_[i].name, views[i]);
+  }
+  for (const auto& s : shared_) s.module->replace_param(s.name, views[s.primary]);
+  if (!config_.use_orig_params && wrapped.find_param(kFlatParamName)) wrapped.replace_param(kFlatParamName, {});
+  testing::detail::notify_unsharded_views(/*as_params=*/true);
+}
+
+// ------------------------------------------------------------------ unshard / reshard
+
+void FlatParamHandle::unshard() {
+  if (unsharded_valid_ && gathered_version_ == flat_param_._version()) return;
+  const at::ScalarType dtype = compute_dtype();
+  at::NoGradGuard no_grad;
+  if (!config_.sharded && dtype == param_dtype()) {
+    unsharded_ = flat_param_.detach();  // NO_SHARD, full precision: the parameter itself
+  } else {
+    at::Tensor shard = flat_param_.detach();
+    if (shard.device() != config_.compute_device) shard = shard.to(config_.compute_device);
+    if (shard.scalar_type() != dtype) shard = shard.to(dtype);  // the low-precision shard
+    if (!config_.sharded) {
+      unsharded_ = shard;
+    } else {
+      if (!unsharded_.defined()) {
+        unsharded_ = at::empty({padded_numel_}, shard.options());
+      } else {
+        fsdp::alloc_storage(unsharded_);
+      }
+      comm::all_gather_into_tensor(unsharded_, shard, config_.shard_pg);
+    }
+  }
+  unsharded_valid_ = true;
+  gathered_version_ = flat_param_._version();
+  testing::detail::notify_unsharded_views(/*as_params=*/state_ == HandleTrainingState::SUMMON_FULL_PARAMS);
+}
+
+void FlatParamHandle::reshard() {
+  if (!unsharded_valid_) return;
+  testing::detail::notify_before_reshard(*this);
+  unsharded_valid_ = false;
+  if (config_.sharded) {
+    fsdp::free_storage(unsharded_);
+  } else {
+    unsharded_ = at::Tensor();  // NO_SHARD: drop the alias / low-precision copy
+  }
+}
+
+at::Tensor FlatParamHandle::gather_full_precision() {
+  at::NoGradGuard no_grad;
+  at::Tensor shard = flat_param_.detach();
+  if (!config_.sharded) return shard;  // the views write straight through
+  at::Tensor full = at::empty({padded_numel_}, shard.options());
+  comm::all_gather_into_tensor(full, shard, config_.shard_pg);
+  return full;
+}
+
+void FlatParamHandle::write_back(const at::Tensor& full) {
+  if (!config_.sharded) return;
+  at::NoGradGuard no_grad;
+  flat_param_.detach().copy_(full.narrow(0, shard_offset_, shard_numel()));
+}
+
+at::Tensor FlatParamHandle::gather_full_grad() {
+  at::Tensor g = sharded_grad();
+  // Collective: every rank takes part even when its own gradient is missing (zeros then).
+  at::NoGradGuard no_grad;
+  at::Tensor local = g.defined() ? g.detach() : at::zeros_like(flat_param_);
+  if (!config_.sharded) return local;
+  at::Tensor full = at::empty({padded_numel_}, local.options());
+  comm::all_gather_into_tensor(full, local, config_.shard_pg);
+  return full;
+}
+
+std::vector<at::Tensor> FlatParamHandle::views_of(const at::Tensor& flat) const {
+  std::vector<at::Tensor> out;
+  out.reserve(slots_.size());
+  for (const auto& s : slots_) out.push_back(detached_view(flat, s.offset, s.numel, s.shape));
+  return out;
+}
+
+std::vector<at::Tensor> FlatParamHandle::unsharded_views() const { return views_of(unsharded_); }
+
+void FlatParamHandle::install_substitutes(const std::vector<at::Tensor>& views) {
+  for (size_t i = 0; i < slots_.size(); ++i) slots_[i].module->set_param_substitute(slots_[i].name, views[i]);
+  for (const auto& s : shared_) s.module->set_param_substitute(s.name, views[s.primary]);
+}
+
+void FlatParamHandle::clear_substitutes() {
+  for (const auto& s : slots_) s.module->clear_param_substitute(s.name);
+  for (const auto& s : shared_) s.module->clear_param_substitute(s.name);
+}
+
+// ------------------------------------------------------------------ gradients
+
+at::Tensor FlatParamHandle::flatten_grads(const std::vector<at::Tensor>& grads) const {
+  at::NoGradGuard no_grad;
+  at::Tensor flat = at::zeros({padded_numel_}, flat_param_.options().dtype(compute_dtype()).requires_grad(false));
+  for (size_t i = 0; i < slots_.size() && i < grads.size(); ++i) {
+    if (grads[i].defined()) flat.narrow(0, slots_[i].offset, slots_[i].numel).copy_(grads[i].reshape({-1}));
+  }
+  return flat;
+}
+
+void FlatParamHandle::accumulate_unsharded(const at::Tensor& flat_grad) {
+  if (grad_accum_.defined()) {
+    grad_accum_.add_(flat_grad);
+  } else {
+    grad_accum_ = flat_grad;
+  }
+}
+
+void FlatParamHandle::reduce_and_accumulate(at::Tensor flat_grad) {
+  at::NoGradGuard no_grad;
+  if (grad_accum_.defined()) {
+    flat_grad.add_(grad_accum_);
+    grad_accum_ = at::Tensor();
+  }
+  if (flat_grad.scalar_type() != reduce_dtype()) flat_grad = flat_grad.to(reduce_dtype());
+  scale_if_needed(flat_grad, config_.predivide);
+  at::Tensor reduced;
+  if (config_.sharded) {
+    reduced = at::empty({shard_numel()}, flat_grad.options());
+    comm::reduce_scatter_tensor(reduced, flat_grad, comm::ReduceOp::SUM, config_.shard_pg);
+  } else {
+    reduced = flat_grad.narrow(0, 0, numel_);
+    if (config_.shard_pg->size() > 1) comm::all_reduce(reduced, comm::ReduceOp::SUM, config_.shard_pg);
+  }
+  if (config_.replicate_pg && config_.replicate_pg->size() > 1) {
+    comm::all_reduce(reduced, comm::ReduceOp::SUM, config_.replicate_pg);
+  }
+  scale_if_needed(reduced, config_.postdivide);
+  const bool keep_low = config_.mp && config_.mp->keep_low_precision_grads;
+  if (!keep_low && reduced.scalar_type() != param_dtype()) reduced = reduced.to(param_dtype());
+  if (reduced.device() != flat_param_.device()) reduced = reduced.to(flat_param_.device());
+  accumulate_sharded(reduced);
+}
+
+// use_orig_params = false: into flat_param_.grad. true: the original parameters' grads are what
+// the optimizer reads (and zero_grad clears), so the existing ones are added slot by slot and the
+// new sharded gradient's views become their .grad.
+void FlatParamHandle::accumulate_sharded(const at::Tensor& new_grad) {
+  if (!config_.use_orig_params) {
+    at::Tensor& g = flat_param_.mutable_grad();
+    if (g.defined()) {
+      g.add_(new_grad);
+    } else {
+      g = new_grad.detach().clone();
+    }
+    return;
+  }
+  at::Tensor flat = new_grad.detach().clone();
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const at::Tensor& old = orig_[i].grad();
+    const at::Tensor& base = orig_[i];
+    const int64_t begin = config_.sharded ? base.storage_offset() - flat_param_.storage_offset() : slots_[i].offset;
+    at::Tensor part = flat.narrow(0, begin, base.numel()).view(base.sizes());
+    if (old.defined()) part.add_(old);
+    orig_[i].mutable_grad() = part;
+  }
+  flat_param_.mutable_grad() = flat;
+}
+
+at::Tensor FlatParamHandle::sharded_grad() const {
+  if (!config_.use_orig_params) return flat_param_.grad();
+  // The flat gradient counts only while the original parameters still hold its views.
+  bool any = false;
+  for (const auto& p : orig_) any = any || p.grad().defined();
+  if (!any) return at::Tensor();
+  at::Tensor flat = at::zeros_like(flat_param_);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!orig_[i].grad().defined()) continue;
+    const int64_t begin = config_.sharded ? orig_[i].storage_offset() - flat_param_.storage_offset() : slots_[i].offset;
+    flat.narrow(0, begin, orig_[i].numel()).copy_(orig_[i].grad().reshape({-1}));
+  }
+  return flat;
+}
+
+std::vector<at::Tensor> FlatParamHandle::optimizer_params() const {
+  if (!config_.use_orig_params) return {flat_param_};
+  return orig_;
+}
+
+}  // namespace tdc::fsdp1::detail

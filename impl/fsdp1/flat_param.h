@@ -1,0 +1,143 @@
+// FlatParamHandle: one FSDP1 unit's flat parameter (torch/distributed/fsdp/_flat_param.py) — the
+// flattening plan, the shard, the unsharded vector and its views, gradient reduction.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include "tdc/comm/process_group.h"
+#include "tdc/fsdp1/fully_sharded_data_parallel.h"
+#include "tdc/nn/module.h"
+
+namespace tdc::fsdp1::detail {
+
+// One original parameter inside the flat vector.
+struct ParamSlot {
+  nn::Module* module = nullptr;  // the module that registered it
+  std::string name;              // its direct name there
+  std::string fqn;               // relative to the unit's wrapped module, wrapper segments removed
+  std::vector<int64_t> shape;
+  int64_t numel = 0, offset = 0;  // in the unpadded flat vector
+  bool requires_grad = true;
+};
+// A further registration of a flattened parameter (weight tying): same tensor, another module.
+struct SharedSlot {
+  nn::Module* module = nullptr;
+  std::string name;
+  std::string fqn;
+  size_t primary = 0;  // index into the slots
+};
+
+struct HandleConfig {
+  comm::GroupPtr shard_pg;      // the group the flat vector is sharded over
+  comm::GroupPtr replicate_pg;  // hybrid strategies: gradients all-reduced over it too
+  bool sharded = true;          // false: NO_SHARD (also any strategy on a 1-rank group)
+  bool use_orig_params = false;
+  std::optional<MixedPrecision> mp;
+  double predivide = 1.0, postdivide = 1.0;
+  c10::Device compute_device = c10::Device(c10::kCPU);
+  std::string label;  // for messages: "FSDP unit 'layers.0' (TransformerEncoderLayer)"
+  const FullyShardedDataParallel* owner = nullptr;  // the unit (test observers name it)
+};
+
+// [Note: FSDP1 flat parameter]
+// flat_param_ is this rank's shard of the padded flat vector: numel() = padded / world, the
+// rank's chunk [rank * shard_numel, (rank + 1) * shard_numel) (NO_SHARD: the whole unpadded
+// vector). It is a leaf requiring grad; its .grad is the sharded gradient. The unsharded vector
+// (padded, compute dtype) is one tensor whose storage is freed at reshard and re-allocated at
+// unshard, so views autograd saved in forward are valid again when backward re-gathers. Forward
+// exposes views of it (original shapes) as parameter substitutes; gradients of those views arrive
+// together in the unit's autograd node, are copied into one flat gradient, reduce-scattered (NO_SHARD:
+// all-reduced) with PyTorch's pre/post-divide factors, cast back to the parameter dtype and added
+// to the shard's .grad. use_orig_params: the original parameters are 1-D views of their part of
+// the shard, and their .grad views of the sharded gradient.
+class FlatParamHandle {
+ public:
+  FlatParamHandle(std::vector<ParamSlot> slots, std::vector<SharedSlot> shared, const std::vector<at::Tensor>& values,
+                  HandleConfig config);
+
+  const HandleConfig& config() const { return config_; }
+  void set_owner(const FullyShardedDataParallel* owner, std::string label) {
+    config_.owner = owner;
+    config_.label = std::move(label);
+  }
+  const std::vector<ParamSlot>& slots() const { return slots_; }
+  const std::vector<SharedSlot>& shared_slots() const { return shared_; }
+  const at::Tensor& flat_param() const { return flat_param_; }
+  int64_t numel() const { return numel_; }
+  int64_t padded_numel() const { return padded_numel_; }
+  int64_t shard_numel() const { return flat_param_.numel(); }
+  int64_t shard_offset() const { return shard_offset_; }  // of this rank's shard in the flat vector
+  bool sharded() const { return config_.sharded; }
+  at::ScalarType param_dtype() const { return flat_param_.scalar_type(); }
+  at::ScalarType compute_dtype() const;
+  at::ScalarType reduce_dtype() const;
+
+  HandleTrainingState state() const { return state_; }
+  void set_state(HandleTrainingState next, const char* action, std::initializer_list<HandleTrainingState> allowed);
+
+  // Moves the shard (and the unsharded vector) to `device`, re-deriving the original views and
+  // re-registering them on `wrapped`.
+  void move_to(c10::Device device, nn::Module& wrapped);
+  // The registered tensors: use_orig_params = false: "_flat_param" on the wrapped module, the
+  // original names empty; true: each original name holds its view of the shard.
+  void register_sharded(nn::Module& wrapped);
+  // summon_full_params: the original names hold `full` views (full precision), "_flat_param" hidden.
+  void register_full(nn::Module& wrapped, const at::Tensor& full, bool with_grads);
+
+  // All-gathers the compute-dtype unsharded vector (no-op when it is current).
+  void unshard();
+  bool is_unsharded() const { return unsharded_valid_; }
+  // Frees the unsharded vector (sharded strategies; NO_SHARD keeps nothing to free).
+  void reshard();
+  // The full-precision padded flat vector, gathered fresh (summon_full_params, state dicts).
+  at::Tensor gather_full_precision();
+  // Writes `full` (padded, full precision) back into this rank's shard.
+  void write_back(const at::Tensor& full);
+  // The gradient of the whole flat vector (padded), gathered; undefined when no gradient exists.
+  at::Tensor gather_full_grad();
+
+  // Views of the unsharded vector with the slots' shapes (one per slot).
+  std::vector<at::Tensor> unsharded_views() const;
+  std::vector<at::Tensor> views_of(const at::Tensor& flat) const;
+  // Installs / removes the forward substitutes (shared slots get the primary's view).
+  void install_substitutes(const std::vector<at::Tensor>& views);
+  void clear_substitutes();
+
+  // Gradients of the views (undefined = zero) -> the padded flat gradient in the compute dtype.
+  at::Tensor flatten_grads(const std::vector<at::Tensor>& grads) const;
+  // no_sync: keeps the flat gradient unsharded, summed over backwards.
+  void accumulate_unsharded(const at::Tensor& flat_grad);
+  // Reduces (with any kept no_sync gradient) and adds the result to the sharded gradient.
+  void reduce_and_accumulate(at::Tensor flat_grad);
+  // The sharded gradient, or undefined (use_orig_params: from the original parameters' grads).
+  at::Tensor sharded_grad() const;
+
+  // Tensors the optimizer sees for this handle (the flat shard, or the original views).
+  std::vector<at::Tensor> optimizer_params() const;
+
+  bool ran_pre_backward = false;
+
+ private:
+  void accumulate_sharded(const at::Tensor& new_shard_grad);
+  void make_orig_views();
+
+  std::vector<ParamSlot> slots_;
+  std::vector<SharedSlot> shared_;
+  HandleConfig config_;
+  int64_t numel_ = 0, padded_numel_ = 0, shard_offset_ = 0;
+  at::Tensor flat_param_;          // the shard (leaf)
+  std::vector<at::Tensor> orig_;   // use_orig_params: the registered views of the shard
+  at::Tensor unsharded_;           // padded, compute dtype; storage freed when resharded
+  bool unsharded_valid_ = false;
+  int64_t gathered_version_ = -1;  // flat_param_'s version the unsharded vector was made from
+  at::Tensor grad_accum_;          // no_sync: unsharded flat gradient
+  HandleTrainingState state_ = HandleTrainingState::IDLE;
+};
+
+}  // namespace tdc::fsdp1::detail

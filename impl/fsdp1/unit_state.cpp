@@ -1,0 +1,290 @@
+// UnitState (unit_state.h): hooks, lazy init, prefetching and the end-of-backward callback of one
+// FSDP1 unit.
+#include "unit_state.h"
+
+#include "common.h"
+
+#include <algorithm>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/graph_task.h>
+
+namespace tdc::fsdp1 {
+
+namespace {
+
+struct UnitRef : torch::CustomClassHolder {
+  explicit UnitRef(std::shared_ptr<UnitState> s) : state(std::move(s)) {}
+  std::shared_ptr<UnitState> state;
+};
+
+// [Note: FSDP1 and autograd] One node per unit and forward call, standing for PyTorch's
+// post-backward hook on the flat parameter's AccumulateGrad. Its input is the flat parameter (so
+// autograd runs it); its outputs are the unsharded views the module computes with. Autograd calls
+// backward once, when the gradients of every view have arrived: that is the unit's post-backward.
+// It returns no gradient for the flat parameter: post_backward puts the reduced gradient into the
+// shard's .grad itself (accumulating, as FSDP1 does).
+struct UnshardViews : torch::autograd::Function<UnshardViews> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, c10::intrusive_ptr<UnitRef> ref,
+                                                const at::Tensor& flat_param) {
+    ctx->saved_data["unit"] = c10::IValue::make_capsule(ref);
+    std::vector<at::Tensor> views = ref->state->handle()->unsharded_views();
+    return views;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto capsule = ctx->saved_data["unit"].toCapsule();
+    static_cast<UnitRef*>(capsule.get())->state->post_backward(grads);
+    return {at::Tensor(), at::Tensor()};
+  }
+};
+
+nn::Tensors cast_floating(nn::Tensors xs, at::ScalarType dtype) {
+  for (auto& x : xs) {
+    if (x.defined() && at::isFloatingType(x.scalar_type()) && x.scalar_type() != dtype) x = x.to(dtype);
+  }
+  return xs;
+}
+
+std::string unit_label(const std::string& fqn, const nn::Module& wrapped) {
+  return fqn.empty() ? fmt::format("<root> ({})", wrapped.type_name())
+                     : fmt::format("'{}' ({})", fqn, wrapped.type_name());
+}
+
+}  // namespace
+
+UnitState::UnitState(FSDPOptions options, comm::GroupPtr shard_pg, comm::GroupPtr replicate_pg,
+                     std::unique_ptr<detail::FlatParamHandle> handle, std::vector<nn::Module*> ignored)
+    : options_(std::move(options)),
+      shard_pg_(std::move(shard_pg)),
+      replicate_pg_(std::move(replicate_pg)),
+      handle_(std::move(handle)),
+      ignored_(std::move(ignored)) {}
+
+void UnitState::attach(FullyShardedDataParallel* wrapper) {
+  wrapper_ = wrapper;
+  label_ = fmt::format("({})", wrapped().type_name());
+  if (handle_) handle_->set_owner(wrapper_, label_);
+}
+
+nn::Module& UnitState::wrapped() const { return wrapper_->module(); }
+
+void UnitState::set_training_state(TrainingState next, const char* action,
+                                   std::initializer_list<TrainingState> allowed) {
+  detail::check_state(label_, action, training_state_, allowed);
+  training_state_ = next;
+}
+
+void UnitState::check_idle(const char* action) const {
+  const bool in_backward = torch::autograd::get_current_graph_task_id() != -1;
+  if (training_state_ != TrainingState::IDLE || in_backward) {
+    detail::throw_lifecycle_error(label_, action,
+                                  in_backward ? fmt::format("{} during a backward pass", to_string(training_state_))
+                                              : to_string(training_state_),
+                                  "IDLE (outside forward, backward and summon_full_params)");
+  }
+}
+
+// ------------------------------------------------------------------ lazy init
+
+// The first unit to run forward is the root of every unit below it (PyTorch's _lazy_init).
+void UnitState::lazy_init() {
+  if (lazy_inited_ && is_root_) return;
+  if (lazy_inited_ && root_ && root_ != this) return;
+  is_root_ = true;
+  root_ = this;
+  lazy_inited_ = true;
+  tree_.clear();
+  pre_forward_order_.clear();
+  post_forward_order_.clear();
+  exec_order_frozen_ = false;
+  for (auto& [fqn, m] : wrapper_->named_modules_tdc()) {
+    auto* unit = dynamic_cast<FullyShardedDataParallel*>(m);
+    if (!unit) continue;
+    UnitState& s = unit->unit();
+    tree_.push_back(&s);
+    s.label_ = unit_label(detail::clean_fqn(fqn), s.wrapped());
+    if (s.handle_) s.handle_->set_owner(s.wrapper_, s.label_);
+    if (&s == this) continue;
+    s.is_root_ = false;
+    s.root_ = this;
+    s.lazy_inited_ = true;
+    s.tree_.clear();
+  }
+  check_offloaded_devices();
+  cast_root_buffers();
+}
+
+void UnitState::check_offloaded_devices() const {
+  for (UnitState* s : tree_) {
+    if (!s->options_.cpu_offload.offload_params || !s->handle_) continue;
+    const c10::Device d = s->handle_->flat_param().device();
+    if (d.type() != c10::kCPU) {
+      throw std::runtime_error(fmt::format(
+          "An FSDP-managed module with parameter CPU offloading enabled has parameters on {}. Make sure to not move "
+          "the module from CPU when offloading parameters. (FSDP unit {})",
+          d.str(), s->label_));
+    }
+  }
+}
+
+void UnitState::cast_root_buffers() {
+  for (UnitState* s : tree_) {
+    const auto& mp = s->options_.mixed_precision;
+    if (!mp || !mp->buffer_dtype) continue;
+    for (auto& [name, b] : s->wrapped().named_bufs(/*recurse=*/true)) {
+      if (!at::isFloatingType(b.scalar_type()) || b.scalar_type() == *mp->buffer_dtype) continue;
+      cast_buffers.emplace_back(b, b.scalar_type());
+      at::NoGradGuard no_grad;
+      at::Tensor(b).set_data(b.to(*mp->buffer_dtype));
+    }
+  }
+}
+
+// ------------------------------------------------------------------ forward
+
+nn::Tensors UnitState::pre_forward(nn::Tensors inputs) {
+  if (!lazy_inited_) lazy_init();
+  // FORWARD_BACKWARD too: activation checkpointing recomputes a unit's forward inside backward.
+  set_training_state(TrainingState::FORWARD_BACKWARD, "forward",
+                     {TrainingState::IDLE, TrainingState::FORWARD_BACKWARD});
+  const auto& mp = options_.mixed_precision;
+  if (mp && mp->param_dtype) {
+    const bool cast = is_root_ ? mp->cast_root_forward_inputs : mp->cast_forward_inputs;
+    if (cast && (handle_ || is_root_)) inputs = cast_floating(std::move(inputs), *mp->param_dtype);
+  }
+  if (!handle_) return inputs;
+  handle_->set_state(HandleTrainingState::FORWARD, "forward",
+                     {HandleTrainingState::IDLE, HandleTrainingState::BACKWARD_PRE, HandleTrainingState::BACKWARD_POST});
+  handle_->ran_pre_backward = false;
+  record_execution(&UnitState::pre_forward_order_);
+  handle_->unshard();
+  if (options_.forward_prefetch) prefetch(+1);
+  apply_unshard_node();
+  return inputs;
+}
+
+void UnitState::record_execution(std::vector<UnitState*> UnitState::*order) {
+  UnitState* root = root_ ? root_ : this;
+  if (root->exec_order_frozen_) return;
+  auto& list = root->*order;
+  if (std::find(list.begin(), list.end(), this) == list.end()) list.push_back(this);
+}
+
+void UnitState::apply_unshard_node() {
+  std::vector<at::Tensor> views;
+  if (at::GradMode::is_enabled() && handle_->flat_param().requires_grad()) {
+    views = UnshardViews::apply(c10::make_intrusive<UnitRef>(shared_from_this()), handle_->flat_param());
+    testing::detail::notify_register_post_backward_hook();
+  } else {
+    views = handle_->unsharded_views();
+  }
+  // Views of parameters that do not require grad must not require it either.
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (!handle_->slots()[i].requires_grad && views[i].requires_grad()) views[i] = views[i].detach();
+  }
+  handle_->install_substitutes(views);
+}
+
+nn::Tensors UnitState::post_forward(nn::Tensors outputs) {
+  if (handle_) {
+    record_execution(&UnitState::post_forward_order_);
+    handle_->clear_substitutes();
+    const bool reshard_after_forward = !is_root_ && (options_.sharding_strategy == ShardingStrategy::FULL_SHARD ||
+                                                     options_.sharding_strategy == ShardingStrategy::HYBRID_SHARD);
+    if (reshard_after_forward) handle_->reshard();
+    handle_->set_state(HandleTrainingState::IDLE, "post-forward", {HandleTrainingState::FORWARD});
+  }
+  if (at::GradMode::is_enabled()) {
+    testing::detail::notify_register_pre_backward_hooks();
+    std::weak_ptr<UnitState> weak = weak_from_this();
+    for (auto& y : outputs) {
+      if (!y.defined() || !y.requires_grad()) continue;
+      y.register_hook([weak](const at::Tensor& g) {
+        if (auto s = weak.lock()) s->pre_backward();
+        return g;
+      });
+      testing::detail::count_pre_backward_hook(y);
+    }
+  } else if (is_root_) {
+    // No backward follows a no-grad forward: the root's end-of-backward work happens now.
+    root_end_of_backward();
+  }
+  training_state_ = TrainingState::IDLE;  // as PyTorch's _post_forward; pre-backward re-enters
+  if (is_root_) exec_order_frozen_ = true;
+  return outputs;
+}
+
+// ------------------------------------------------------------------ backward
+
+void UnitState::pre_backward() {
+  if (is_root_ && !end_of_backward_queued_) {
+    end_of_backward_queued_ = true;
+    std::weak_ptr<UnitState> weak = weak_from_this();
+    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+      if (auto s = weak.lock()) s->root_end_of_backward();
+    });
+  }
+  if (!handle_ || handle_->ran_pre_backward) return;
+  set_training_state(TrainingState::FORWARD_BACKWARD, "pre-backward",
+                     {TrainingState::IDLE, TrainingState::FORWARD_BACKWARD});
+  handle_->set_state(HandleTrainingState::BACKWARD_PRE, "pre-backward",
+                     {HandleTrainingState::IDLE, HandleTrainingState::BACKWARD_POST});
+  handle_->ran_pre_backward = true;
+  handle_->unshard();
+  if (options_.backward_prefetch == BackwardPrefetch::BACKWARD_PRE) prefetch(-1);
+}
+
+void UnitState::post_backward(const std::vector<at::Tensor>& grads) {
+  handle_->set_state(HandleTrainingState::BACKWARD_POST, "post-backward",
+                     {HandleTrainingState::BACKWARD_PRE, HandleTrainingState::IDLE});
+  at::Tensor flat_grad = handle_->flatten_grads(grads);
+  if (sync_gradients) {
+    handle_->reduce_and_accumulate(std::move(flat_grad));
+  } else {
+    handle_->accumulate_unsharded(flat_grad);
+  }
+  if (options_.backward_prefetch == BackwardPrefetch::BACKWARD_POST) prefetch(-1);
+  const bool reshard_strategy = options_.sharding_strategy == ShardingStrategy::FULL_SHARD ||
+                                options_.sharding_strategy == ShardingStrategy::HYBRID_SHARD;
+  if (handle_->sharded() && (sync_gradients || reshard_strategy)) handle_->reshard();
+}
+
+// Forward (+1): the unit after this one in pre-forward order. Backward (-1): the unit before
+// this one in post-forward order, whose backward runs next. Only once the order is known (from the
+// second iteration on), and never a unit whose backward already ran.
+void UnitState::prefetch(int direction) {
+  UnitState* root = root_ ? root_ : this;
+  if (!root->exec_order_frozen_) return;
+  const auto& order = direction > 0 ? root->pre_forward_order_ : root->post_forward_order_;
+  auto it = std::find(order.begin(), order.end(), this);
+  if (it == order.end()) return;
+  const int64_t j = (it - order.begin()) + direction;
+  if (j < 0 || j >= static_cast<int64_t>(order.size())) return;
+  UnitState* next = order[static_cast<size_t>(j)];
+  if (direction < 0 && next->handle_->ran_pre_backward) return;
+  next->handle_->unshard();
+}
+
+// [Note: FSDP1 end of backward] The root queues this when its first pre-backward hook fires:
+// every unit is resharded (units whose backward did not run included) and returns to IDLE.
+void UnitState::root_end_of_backward() {
+  end_of_backward_queued_ = false;
+  for (UnitState* s : tree_) {
+    if (s->handle_) {
+      auto* h = s->handle_.get();
+      const bool keep = !s->sync_gradients && !(s->options_.sharding_strategy == ShardingStrategy::FULL_SHARD ||
+                                                s->options_.sharding_strategy == ShardingStrategy::HYBRID_SHARD);
+      if (!keep || !h->sharded()) h->reshard();
+      h->set_state(HandleTrainingState::IDLE, "end of backward",
+                   {HandleTrainingState::IDLE, HandleTrainingState::BACKWARD_PRE, HandleTrainingState::BACKWARD_POST});
+      h->ran_pre_backward = false;
+    }
+    s->training_state_ = TrainingState::IDLE;
+  }
+}
+
+}  // namespace tdc::fsdp1

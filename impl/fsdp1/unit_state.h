@@ -1,0 +1,74 @@
+// UnitState: the runtime of one FSDP1 unit (torch/distributed/fsdp/_runtime_utils.py): lazy init
+// of the root, pre/post-forward, pre/post-backward, prefetching, the end-of-backward callback.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "flat_param.h"
+#include "tdc/fsdp1/fully_sharded_data_parallel.h"
+
+namespace tdc::fsdp1 {
+
+class UnitState : public std::enable_shared_from_this<UnitState> {
+ public:
+  UnitState(FSDPOptions options, comm::GroupPtr shard_pg, comm::GroupPtr replicate_pg,
+            std::unique_ptr<detail::FlatParamHandle> handle, std::vector<nn::Module*> ignored);
+
+  // ---- set up by FullyShardedDataParallel::make
+  void attach(FullyShardedDataParallel* wrapper);
+  FullyShardedDataParallel& wrapper() const { return *wrapper_; }
+  nn::Module& wrapped() const;
+  const FSDPOptions& options() const { return options_; }
+  const comm::GroupPtr& shard_pg() const { return shard_pg_; }
+  detail::FlatParamHandle* handle() const { return handle_.get(); }
+  const std::string& label() const { return label_; }
+
+  // ---- forward and backward
+  nn::Tensors pre_forward(nn::Tensors inputs);
+  nn::Tensors post_forward(nn::Tensors outputs);
+  void pre_backward();
+  void post_backward(const std::vector<at::Tensor>& grads);
+
+  // ---- state
+  TrainingState training_state() const { return training_state_; }
+  void set_training_state(TrainingState next, const char* action, std::initializer_list<TrainingState> allowed);
+  bool is_root() const { return is_root_; }
+  bool sync_gradients = true;
+  StateDictType state_dict_type = StateDictType::FULL_STATE_DICT;
+  // Throws std::logic_error naming the unit when called inside forward/backward (action: what).
+  void check_idle(const char* action) const;
+  // Floating buffers cast to buffer_dtype by the root's lazy init: their original dtypes.
+  std::vector<std::pair<at::Tensor, at::ScalarType>> cast_buffers;
+  // Lazy init from outside forward (state dicts, summon, clip_grad_norm_ on an unrun model).
+  void lazy_init();
+  // The units of this root's tree, pre-order (root only; after lazy_init).
+  const std::vector<UnitState*>& tree() const { return tree_; }
+
+ private:
+  void check_offloaded_devices() const;
+  void cast_root_buffers();
+  void apply_unshard_node();
+  void prefetch(int direction);  // +1: next in forward order, -1: the one whose backward is next
+  void root_end_of_backward();
+  void record_execution(std::vector<UnitState*> UnitState::*order);
+
+  FSDPOptions options_;
+  comm::GroupPtr shard_pg_, replicate_pg_;
+  std::unique_ptr<detail::FlatParamHandle> handle_;
+  std::vector<nn::Module*> ignored_;
+  FullyShardedDataParallel* wrapper_ = nullptr;
+  std::string label_;
+  TrainingState training_state_ = TrainingState::IDLE;
+  bool lazy_inited_ = false, is_root_ = false;
+  UnitState* root_ = nullptr;
+  std::vector<UnitState*> tree_;        // root: every unit below it, itself first
+  // Root: units with parameters in the order of their pre-forwards and of their post-forwards in
+  // the first iteration (forward prefetch walks the first, backward prefetch the second backwards).
+  std::vector<UnitState*> pre_forward_order_, post_forward_order_;
+  bool exec_order_frozen_ = false;
+  bool end_of_backward_queued_ = false;
+};
+
+}  // namespace tdc::fsdp1
