@@ -1,9 +1,10 @@
-// `tdc bench harness` / `tdc bench ddp` / `tdc bench fsdp` / `tdc bench checkpoint` / `tdc bench
-// pipelining`: runs a benchmark binary (tdc_bench_harness, tdc_bench_ddp, tdc_bench_fsdp,
-// tdc_bench_checkpoint, tdc_bench_pipelining: separate binaries so that their forks start from a
-// clean process) and prints its numbers (the harness's against their targets). fsdp, checkpoint
-// and pipelining also run the PyTorch side (bench/pytorch/<name>_pytorch.py, the venv's python),
-// merge both into one JSON and plot it (bench/pytorch/<name>_plot.py -> the JSON's name with .png).
+// `tdc bench harness` / `tdc bench ddp` / `tdc bench fsdp` / `tdc bench fsdp1` / `tdc bench
+// checkpoint` / `tdc bench pipelining`: runs a benchmark binary (tdc_bench_harness, tdc_bench_ddp,
+// tdc_bench_fsdp (fsdp1: the same with --fsdp1), tdc_bench_checkpoint, tdc_bench_pipelining:
+// separate binaries so that their forks start from a clean process) and prints its numbers (the
+// harness's against their targets). fsdp, fsdp1, checkpoint and pipelining also run the PyTorch
+// side (bench/pytorch/<name>_pytorch.py, the venv's python; fsdp1: fsdp's with --fsdp1), merge
+// both into one JSON and plot it (bench/pytorch/<name>_plot.py -> the JSON's name with .png).
 // The helpers they share are declared in bench_support.h; pipelining's merge is bench_pipelining.cpp.
 #include <unistd.h>
 
@@ -31,15 +32,15 @@ const std::vector<OptionSpec> kBenchOptions = {
     {"out", "FILE", "where the benchmark writes its JSON (default results/bench-NAME.json)"},
     {"repeat", "N",
      "harness: timed launches per case and launcher (default 20; the smoke test "
-     "uses 3); ddp, fsdp, pipelining: timed steps per case (default 10); checkpoint: "
+     "uses 3); ddp, fsdp, fsdp1, pipelining: timed steps per case (default 10); checkpoint: "
      "timed save/load calls per case, the best counts (default 3)"},
     {"build-dir", "DIR", "build directory (default $TDC_BUILD)"},
     {"rounds", "N",
-     "fsdp, checkpoint, pipelining: rounds of (tdc side, PyTorch side), order alternating; "
-     "fsdp's and pipelining's figures are medians over rounds (default 3), checkpoint's the best "
+     "fsdp, fsdp1, checkpoint, pipelining: rounds of (tdc side, PyTorch side), order alternating; "
+     "fsdp's, fsdp1's and pipelining's figures are medians over rounds (default 3), checkpoint's the best "
      "(default 2)"},
     {"python", "PY",
-     "fsdp, checkpoint, pipelining: the python with torch 2.13 and matplotlib (checkpoint: and "
+     "fsdp, fsdp1, checkpoint, pipelining: the python with torch 2.13 and matplotlib (checkpoint: and "
      "safetensors) (default $TDC_VENV/bin/python, else SOURCE/.venv/bin/python)"},
     {"mb", "MB", "checkpoint: MB (10^6 bytes) of float32 tensor data in the state dict (default 256)"},
     {"dir", "DIR",
@@ -51,6 +52,7 @@ constexpr const char* kBenchUsage =
     "usage: tdc bench harness [--out FILE] [--repeat N]\n"
     "       tdc bench ddp [--out FILE] [--repeat N]\n"
     "       tdc bench fsdp [--out FILE] [--repeat N] [--rounds R] [--python PY]\n"
+    "       tdc bench fsdp1 [--out FILE] [--repeat N] [--rounds R] [--python PY]\n"
     "       tdc bench checkpoint [--out FILE] [--repeat N] [--rounds R] [--mb MB] [--dir DIR] [--python PY]\n"
     "       tdc bench pipelining [--out FILE] [--repeat N] [--rounds R] [--python PY]\n\n"
     "harness: times tdc::harness::launch() for 4-rank tests (cases 'empty' and 'all_reduce',\n"
@@ -64,6 +66,8 @@ constexpr const char* kBenchUsage =
     "tdc DDP and single-process training (MLPStack and Transformer, world sizes 2 and 4). Writes\n"
     "the JSON and a PNG plot next to it (same name, .png). JSON: docs/results-schema.md, 'FSDP\n"
     "benchmark'.\n"
+    "fsdp1: the same for FSDP1: tdc's fsdp1::FullyShardedDataParallel against PyTorch 2.13's\n"
+    "FullyShardedDataParallel (both around the model, ModuleWrapPolicy on the blocks, FULL_SHARD).\n"
     "checkpoint: save and load throughput (MB/s) of tdc::checkpoint against PyTorch 2.13's DCP\n"
     "HuggingFace writer/reader (dcp.save with HuggingFaceStorageWriter(save_distributed=True),\n"
     "dcp.load with HuggingFaceStorageReader) on the same FSDP-sharded float32 state dict (DTensors\n"
@@ -200,8 +204,13 @@ double number_in(const ojson& j, const fs::path& file, const std::string& where,
   return j[key].get<double>();
 }
 
-// tdc's JSON (tdc_bench_fsdp) + PyTorch's (fsdp_pytorch.py) -> the merged result.
+// tdc's JSON (tdc_bench_fsdp) + PyTorch's (fsdp_pytorch.py) -> the merged result. Both name the
+// FSDP they timed ("fsdp": "FSDP2" or "FSDP1"); they must agree.
 ojson merge_fsdp(const ojson& t, const fs::path& tdc_file, const ojson& py, const fs::path& py_file) {
+  const std::string version = t.value("fsdp", std::string("FSDP2"));
+  if (py.value("fsdp", std::string("FSDP2")) != version)
+    throw std::runtime_error(fmt::format("'{}' timed {}, '{}' timed {}: not the same benchmark", tdc_file.string(),
+                                         version, py_file.string(), py.value("fsdp", std::string("FSDP2"))));
   ojson out = ojson::object();
   out["target"] = "tdc_fsdp_step_ms <= pytorch_fsdp_step_ms in every case (ratio <= 1)";
   ojson cases = ojson::object();
@@ -250,10 +259,12 @@ ojson merge_fsdp(const ojson& t, const fs::path& tdc_file, const ojson& py, cons
 }
 
 int print_fsdp(const ojson& j, const fs::path& out, const fs::path& png) {
+  const std::string version = j.value("fsdp", std::string("FSDP2"));
+  const bool v1 = version == "FSDP1";
   fmt::print(
-      "\nFSDP benchmark: host {} ({} CPUs), LibTorch {} vs torch {}, {} timed steps per case "
+      "\n{} benchmark: host {} ({} CPUs), LibTorch {} vs torch {}, {} timed steps per case "
       "(median of rank 0; median over {} round(s)), {} ATen thread(s) per rank\n",
-      j.value("host", std::string("?")), j.value("cpus", 0), j.value("libtorch_version", std::string("?")),
+      version, j.value("host", std::string("?")), j.value("cpus", 0), j.value("libtorch_version", std::string("?")),
       j.value("torch_version", std::string("?")), j.value("repeat", 0), j.value("rounds", 1),
       j.value("threads_per_rank", 0));
   fmt::print("{:<12} {:>5} {:>10} {:>10} {:>13} {:>13} {:>7}   {:>17} {:>7}\n", "model", "world", "single_ms", "ddp_ms",
@@ -269,10 +280,11 @@ int print_fsdp(const ojson& j, const fs::path& out, const fs::path& png) {
   }
   const int cpus = j.value("cpus", 0);
   fmt::print(
-      "\nratio = tdc FSDP2 step / PyTorch fully_shard step (same model, batch, step, world size);\n"
-      "tdc_nochecks: tdc FSDP2 with its cross-rank collective argument checks off (TDC_COMM_CHECKS=0)\n"
-      "target: ratio <= 1 in every case: {} (worst {:.2f})\n",
-      j.value("target_met", false) ? "met" : "NOT met", j.value("worst_ratio", 0.0));
+      "\nratio = tdc {0} step / PyTorch {1} step (same model, batch, step, world size);\n"
+      "tdc_nochecks: tdc {0} with its cross-rank collective argument checks off (TDC_COMM_CHECKS=0)\n"
+      "target: ratio <= 1 in every case: {2} (worst {3:.2f})\n",
+      version, v1 ? "FullyShardedDataParallel" : "fully_shard", j.value("target_met", false) ? "met" : "NOT met",
+      j.value("worst_ratio", 0.0));
   if (cpus > 0 && cpus < 4) fmt::print("note: {} CPUs here, so world size 4 oversubscribes the cores\n", cpus);
   fmt::print("written to {}\n           {}\n", out.string(), png.string());
   return kExitOk;
@@ -337,7 +349,8 @@ ojson combine_rounds(const std::vector<ojson>& rounds) {
   return out;
 }
 
-PythonSide python_side(const ParsedArgs& a, const fs::path& build, const std::string& name) {
+PythonSide python_side(const ParsedArgs& a, const fs::path& build, const std::string& name,
+                       const std::string& program) {
   fs::path source = resolve_source_dir(build);
   fs::path python;
   if (auto p = a.get("python")) {
@@ -354,8 +367,9 @@ PythonSide python_side(const ParsedArgs& a, const fs::path& build, const std::st
                     name, python.empty() ? "" : fmt::format(" ('{}' is not an executable)", python.string())));
   if (source.empty())
     throw UsageError(fmt::format("bench {}: cannot find the source directory (bench/pytorch/): set TDC_ROOT", name));
-  PythonSide side{python, source / "bench" / "pytorch" / (name + "_pytorch.py"),
-                  source / "bench" / "pytorch" / (name + "_plot.py")};
+  const std::string base = program.empty() ? name : program;
+  PythonSide side{python, source / "bench" / "pytorch" / (base + "_pytorch.py"),
+                  source / "bench" / "pytorch" / (base + "_plot.py")};
   for (const fs::path& f : {side.runner, side.plotter})
     if (!fs::is_regular_file(f))
       throw UsageError(
@@ -382,7 +396,7 @@ int run_rounds(const Rounds& spec, const fs::path& build, const PythonSide& py, 
   fs::path png = out;
   png.replace_extension(".png");
   Cleanup cleanup{{tdc_file, py_file}};
-  const std::string binary = "tdc_bench_" + spec.name;
+  const std::string binary = "tdc_bench_" + (spec.program.empty() ? spec.name : spec.program);
   int status = kExitOk;
   std::vector<ojson> rounds;
   for (int r = 1; r <= spec.rounds; ++r) {
@@ -433,13 +447,23 @@ void add_run_info(ojson& out, const ojson& t, const ojson& py, const std::vector
   out["torch_version"] = py.value("torch_version", std::string("?"));
 }
 
-int bench_fsdp(const ParsedArgs& a, const fs::path& build, const fs::path& out, std::optional<int> repeat) {
-  const PythonSide py = python_side(a, build, "fsdp");
+// `tdc bench fsdp` (FSDP2) and `tdc bench fsdp1` (FSDP1): the same binary, script, merge and plot;
+// fsdp1 passes --fsdp1 to both sides.
+int bench_fsdp(const ParsedArgs& a, const fs::path& build, const fs::path& out, std::optional<int> repeat, bool fsdp1) {
+  const std::string name = fsdp1 ? "fsdp1" : "fsdp";
+  const PythonSide py = python_side(a, build, name, "fsdp");
+  std::vector<std::string> tdc_args, python_args{"--warmup", std::to_string(kFsdpWarmup)};
+  if (fsdp1) {
+    tdc_args.push_back("--fsdp1");
+    python_args.push_back("--fsdp1");
+  }
   const Rounds spec{
-      .name = "fsdp",
+      .name = name,
+      .program = "fsdp",
       .repeat = repeat.value_or(10),
       .rounds = a.get("rounds") ? parse_positive_int("bench", "rounds", *a.get("rounds")) : 3,
-      .python_args = {"--warmup", std::to_string(kFsdpWarmup)},
+      .tdc_args = tdc_args,
+      .python_args = python_args,
       .merge =
           [](const ojson& t, const fs::path& tf, const ojson& p, const fs::path& pf) {
             if (t.value("warmup", -1) != kFsdpWarmup)
@@ -661,9 +685,10 @@ int bench_command(const std::vector<std::string>& args) {
     return a.help ? kExitOk : kExitUsage;
   }
   const std::string name = a.positional.size() == 1 ? a.positional[0] : "";
-  if (name != "harness" && name != "ddp" && name != "fsdp" && name != "checkpoint" && name != "pipelining")
+  if (name != "harness" && name != "ddp" && name != "fsdp" && name != "fsdp1" && name != "checkpoint" &&
+      name != "pipelining")
     throw UsageError(
-        fmt::format("bench: unknown benchmark '{}' (available: harness, ddp, fsdp, checkpoint, pipelining)",
+        fmt::format("bench: unknown benchmark '{}' (available: harness, ddp, fsdp, fsdp1, checkpoint, pipelining)",
                     fmt::join(a.positional, " ")));
   fs::path build = resolve_build_dir(a.get("build-dir"));
   fs::path out = fs::absolute(a.get("out").value_or(fmt::format("results/bench-{}.json", name)));
@@ -671,12 +696,13 @@ int bench_command(const std::vector<std::string>& args) {
   if (auto v = a.get("repeat")) repeat = parse_positive_int("bench", "repeat", *v);
   if (name == "harness" && !repeat) repeat = 20;
 
-  if (name != "fsdp" && name != "checkpoint" && name != "pipelining" && (a.get("python") || a.get("rounds")))
+  if (name != "fsdp" && name != "fsdp1" && name != "checkpoint" && name != "pipelining" &&
+      (a.get("python") || a.get("rounds")))
     throw UsageError(
-        "bench: --python and --rounds are options of 'tdc bench fsdp', 'checkpoint' and 'pipelining' only");
+        "bench: --python and --rounds are options of 'tdc bench fsdp', 'fsdp1', 'checkpoint' and 'pipelining' only");
   if (name != "checkpoint" && (a.get("mb") || a.get("dir")))
     throw UsageError("bench: --mb and --dir are options of 'tdc bench checkpoint' only");
-  if (name == "fsdp") return bench_fsdp(a, build, out, repeat);
+  if (name == "fsdp" || name == "fsdp1") return bench_fsdp(a, build, out, repeat, name == "fsdp1");
   if (name == "checkpoint") return bench_checkpoint(a, build, out, repeat);
   if (name == "pipelining") return bench_pipelining(a, build, out, repeat);
 

@@ -39,7 +39,9 @@ double median_of(std::vector<double> v);
 struct PythonSide {
   std::filesystem::path python, runner, plotter;
 };
-PythonSide python_side(const ParsedArgs& a, const std::filesystem::path& build, const std::string& name);
+// `program`: the scripts' base name when it is not `name` (fsdp1 runs fsdp's scripts with --fsdp1).
+PythonSide python_side(const ParsedArgs& a, const std::filesystem::path& build, const std::string& name,
+                       const std::string& program = "");
 
 // The merged JSON, atomically (temp name, then rename).
 void write_merged(const std::filesystem::path& out, const nlohmann::ordered_json& merged);
@@ -64,6 +66,7 @@ using MergeSides = std::function<nlohmann::ordered_json(
     const std::filesystem::path& pytorch_file)>;
 struct Rounds {
   std::string name;                      // "fsdp": messages, and the binary tdc_bench_<name>
+  std::string program;                   // the binary's base name when it is not `name` ("fsdp" for fsdp1)
   int repeat = 10, rounds = 3;           // timed steps per case; rounds
   std::vector<std::string> tdc_args;     // extra arguments of the tdc binary
   std::vector<std::string> python_args;  // extra arguments of the PyTorch runner

@@ -53,8 +53,9 @@ const std::vector<OptionSpec> kParityOptions = {
 constexpr const char* kParityUsage =
     "usage: tdc parity [--out DIR] [--filter GLOB] [--scenarios DIR] [--python PY]\n\n"
     "Numeric parity with real PyTorch: each scenario (model, seeds, world size 1-4, mesh, recipe:\n"
-    "DDP, TP, FSDP2 1-D / HSDP / TP x FSDP2, mixed precision, gradient accumulation, activation\n"
-    "checkpointing, pipelining, checkpoint-resume; optimizer, steps) trains in PyTorch 2.13 (the\n"
+    "DDP, TP, FSDP2 1-D / HSDP / TP x FSDP2, FSDP1 (FULL_SHARD / SHARD_GRAD_OP, use_orig_params),\n"
+    "mixed precision, gradient accumulation, activation checkpointing, pipelining,\n"
+    "checkpoint-resume; optimizer, steps) trains in PyTorch 2.13 (the\n"
     "venv's torch, tools/parity/run_scenario.py) and in tdc (tdc_parity_runner) from the same\n"
     "initial weights and data. Each side writes a trace (per-step loss and gradient norm, checksums\n"
     "of every full parameter after the last step); a scenario passes when every number agrees\n"
@@ -235,17 +236,20 @@ void write_atomic(const fs::path& file, const std::string& text) {
 }
 
 int print_table(const ojson& results, const fs::path& out_file) {
-  fmt::print("\n{:<26} {:>2} {:<44} {:<6} {:>10} {:>10} {:>9}\n", "scenario", "ws", "recipe", "result", "steps rel",
-             "param rel", "rtol");
+  size_t width = 26;  // the longest scenario name
+  for (const auto& r : results) width = std::max(width, r["name"].get<std::string>().size());
+  fmt::print("\n{:<{}} {:>2} {:<44} {:<6} {:>10} {:>10} {:>9}\n", "scenario", width, "ws", "recipe", "result",
+             "steps rel", "param rel", "rtol");
   int passed = 0;
   for (const auto& r : results) {
     double step_max = 0;
     for (const auto& d : r["max_rel_diff_per_step"]) step_max = std::max(step_max, d.get<double>());
     const bool has = !r["max_param_rel_diff"].is_null();
-    fmt::print(
-        "{:<26} {:>2} {:<44} {:<6} {:>10} {:>10} {:>9.1e}\n", r["name"].get<std::string>(), r["world_size"].get<int>(),
-        r["recipe"].get<std::string>(), r["verdict"].get<std::string>(), has ? fmt::format("{:.2e}", step_max) : "-",
-        has ? fmt::format("{:.2e}", r["max_param_rel_diff"].get<double>()) : "-", r["tolerance"]["rtol"].get<double>());
+    fmt::print("{:<{}} {:>2} {:<44} {:<6} {:>10} {:>10} {:>9.1e}\n", r["name"].get<std::string>(), width,
+               r["world_size"].get<int>(), r["recipe"].get<std::string>(), r["verdict"].get<std::string>(),
+               has ? fmt::format("{:.2e}", step_max) : "-",
+               has ? fmt::format("{:.2e}", r["max_param_rel_diff"].get<double>()) : "-",
+               r["tolerance"]["rtol"].get<double>());
     if (r["verdict"] == "PASS") {
       ++passed;
     } else {

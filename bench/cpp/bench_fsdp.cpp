@@ -1,11 +1,14 @@
-// FSDP benchmark, tdc side: step time of tdc's FSDP2 (fully_shard per block, then the root)
-// against DDP and single-process training on the same global batch, for two models at world sizes
-// 2 and 4 (fork launcher, 1 ATen thread per rank).
+// FSDP benchmark, tdc side: step time of tdc's FSDP2 (fully_shard per block, then the root) or,
+// with --fsdp1, of tdc's FSDP1 (FullyShardedDataParallel around the model, auto-wrapping each block
+// with ModuleWrapPolicy, FULL_SHARD and FSDP1's other defaults) against DDP and single-process
+// training on the same global batch, for two models at world sizes 2 and 4 (fork launcher, 1 ATen
+// thread per rank).
 //
-//   tdc_bench_fsdp --out FILE [--repeat N]        (or: ./tdc bench fsdp --out FILE)
+//   tdc_bench_fsdp --out FILE [--repeat N] [--fsdp1]   (or: ./tdc bench fsdp|fsdp1 --out FILE)
 //
-// `tdc bench fsdp` runs this, then bench/pytorch/fsdp_pytorch.py (PyTorch's own fully_shard on the
-// same models, batches and step) and merges both into one JSON + a PNG plot.
+// `tdc bench fsdp` (`fsdp1`) runs this, then bench/pytorch/fsdp_pytorch.py (PyTorch's own
+// fully_shard, or with --fsdp1 its FullyShardedDataParallel, on the same models, batches and step)
+// and merges both into one JSON + a PNG plot.
 //
 // A step is forward + loss (MSE on MLPStack / token cross-entropy on Transformer) + backward +
 // SGD step (lr 1e-3, no momentum; torch::optim::SGD, zero_grad sets gradients to none). The
@@ -41,6 +44,8 @@
 #include "tdc/ddp/ddp.h"
 #include "tdc/fixtures/models.h"
 #include "tdc/fsdp/fully_shard.h"
+#include "tdc/fsdp1/fully_sharded_data_parallel.h"
+#include "tdc/fsdp1/wrap.h"
 #include "tdc/harness/launch.h"
 #include "tdc/harness/results.h"
 
@@ -64,6 +69,7 @@ struct ModelCase {
   tdc::nn::Tensors (*inputs)(int64_t batch, at::Generator& gen);
   at::Tensor (*target)(int64_t batch, at::Generator& gen);
   void (*shard)(tdc::nn::Module& model);  // fully_shard per block, then the root
+  const char* block_type;                 // FSDP1: the type ModuleWrapPolicy makes a unit of
   json config;
 };
 
@@ -88,11 +94,14 @@ const json kTfConfig = {{"n_layers", 2}, {"vocab_size", 512}, {"max_seq_len", 64
                         {"n_heads", 4},  {"dropout_p", 0.0},  {"weight_tying", true}, {"loss", "cross_entropy"}};
 
 const ModelCase kModels[] = {
-    {"MLPStack", 64, &make_mlp_stack, &mlp_inputs, &mlp_target, &shard_mlp_stack, kMlpConfig},
-    {"Transformer", 16, &make_transformer, &tf_inputs, &tf_target, &shard_transformer, kTfConfig},
+    {"MLPStack", 64, &make_mlp_stack, &mlp_inputs, &mlp_target, &shard_mlp_stack, "MLP", kMlpConfig},
+    {"Transformer", 16, &make_transformer, &tf_inputs, &tf_target, &shard_transformer, "TransformerBlock", kTfConfig},
 };
 
-// FsdpNoChecks: FSDP2 with tdc's cross-rank collective argument checks off (comm::
+// Which FSDP the Fsdp modes time: FSDP2 (fully_shard) or, with --fsdp1, FSDP1.
+bool g_fsdp1 = false;
+
+// FsdpNoChecks: FSDP with tdc's cross-rank collective argument checks off (comm::
 // set_argument_checks(false), what TDC_COMM_CHECKS=0 does). They are on by default and cost one
 // small extra exchange per collective; PyTorch has no such check unless TORCH_DISTRIBUTED_DEBUG
 // is set, so this case shows how much of tdc's step they are.
@@ -104,11 +113,21 @@ const char* mode_name(Mode m) {
     case Mode::Ddp:
       return "ddp";
     case Mode::Fsdp:
-      return "fsdp";
+      return g_fsdp1 ? "fsdp1" : "fsdp";
     case Mode::FsdpNoChecks:
-      return "fsdp-nochecks";
+      return g_fsdp1 ? "fsdp1-nochecks" : "fsdp-nochecks";
   }
   return "?";
+}
+
+// FullyShardedDataParallel around the model, every block (m.block_type) its own unit; FSDP1's
+// defaults otherwise (FULL_SHARD, BACKWARD_PRE prefetch, use_orig_params = false), as
+// fsdp_pytorch.py's FSDP(model, auto_wrap_policy=ModuleWrapPolicy({block}), device_id=cpu).
+tdc::nn::ModulePtr wrap_fsdp1(const ModelCase& m, tdc::nn::ModulePtr model) {
+  tdc::fsdp1::FSDPOptions options;
+  options.auto_wrap_policy = tdc::fsdp1::ModuleWrapPolicy({m.block_type});
+  options.device_id = c10::Device(c10::kCPU);
+  return tdc::fsdp1::FullyShardedDataParallel::make(std::move(model), options);
 }
 
 // One case on the calling rank; rank 0 writes {"step_ms", "params", "p90_ms"} to `result`.
@@ -125,6 +144,9 @@ void run_case(const ModelCase& m, Mode mode, int repeat, const std::string& resu
   if (mode == Mode::Ddp) {
     ddp = std::make_shared<tdc::ddp::DistributedDataParallel>(model, group);
     call = ddp.get();
+  } else if ((mode == Mode::Fsdp || mode == Mode::FsdpNoChecks) && g_fsdp1) {
+    model = wrap_fsdp1(m, model);
+    call = model.get();
   } else if (mode == Mode::Fsdp || mode == Mode::FsdpNoChecks) {
     m.shard(*model);
   }
@@ -150,10 +172,28 @@ void run_case(const ModelCase& m, Mode mode, int repeat, const std::string& resu
   std::ofstream(result) << r.dump() << "\n";
 }
 
+// --fsdp1 is this program's; the rest goes to tdc::bench::parse_args.
+bool take_fsdp1_flag(int* argc, char** argv) {
+  bool found = false;
+  int out = 1;
+  for (int i = 1; i < *argc; ++i) {
+    if (std::strcmp(argv[i], "--fsdp1") == 0) {
+      found = true;
+    } else {
+      argv[out++] = argv[i];
+    }
+  }
+  *argc = out;
+  argv[out] = nullptr;
+  return found;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const tdc::bench::Args args = tdc::bench::parse_args(argc, argv, "tdc_bench_fsdp", 10, "timed steps per case");
+  g_fsdp1 = take_fsdp1_flag(&argc, argv);
+  const tdc::bench::Args args =
+      tdc::bench::parse_args(argc, argv, "tdc_bench_fsdp", 10, "timed steps per case; --fsdp1: time FSDP1, not FSDP2");
   const std::string& out_path = args.out;
   const int repeat = args.repeat;
 
@@ -168,7 +208,7 @@ int main(int argc, char** argv) {
   auto run = [&](const ModelCase& m, int world, Mode mode) -> std::optional<json> {
     std::string result = (dir / fmt::format("{}-{}-{}.json", m.name, mode_name(mode), world)).string();
     tdc::harness::LaunchSpec spec;
-    spec.suite = "FSDPBench";
+    spec.suite = g_fsdp1 ? "FSDP1Bench" : "FSDPBench";
     spec.name = fmt::format("{}_{}_{}", m.name, mode_name(mode), world);
     spec.world_size = world;
     spec.launcher = tdc::harness::Launcher::Fork;
@@ -216,6 +256,7 @@ int main(int argc, char** argv) {
       {"world_sizes", kWorldSizes},
       {"repeat", repeat},
       {"warmup", kWarmup},
+      {"fsdp", g_fsdp1 ? "FSDP1" : "FSDP2"},
       {"step", "forward + loss + backward + SGD step (lr 1e-3, no momentum), zero_grad(set_to_none)"},
       {"launcher", "fork"},
       {"threads_per_rank", 1},

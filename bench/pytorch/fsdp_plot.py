@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Plot of `tdc bench fsdp`'s merged JSON: grouped bars of median step time per (model, world size)
-for single-process, tdc DDP, tdc FSDP2 (and with its comm checks off) and PyTorch FSDP2, with the ratio
-written above each group.
+"""Plot of `tdc bench fsdp`'s (and `fsdp1`'s) merged JSON: grouped bars of median step time per
+(model, world size) for single-process, tdc DDP, tdc FSDP2 (and with its comm checks off) and PyTorch
+FSDP2 -- or FSDP1 on both sides, as the JSON's "fsdp" says -- with the ratio written above each group.
 
     .venv/bin/python bench/pytorch/fsdp_plot.py --json FILE --png FILE
 """
@@ -13,13 +13,14 @@ from bench_common import import_pyplot  # noqa: E402
 
 plt = import_pyplot("fsdp_plot.py")
 
-SERIES = [  # (key in the case, label, colour)
+SERIES = [  # (key in the case, label ({v}: FSDP2 or FSDP1), colour)
     ("single_step_ms", "single process (tdc)", "#9e9e9e"),
     ("ddp_step_ms", "DDP (tdc)", "#64b5f6"),
-    ("tdc_fsdp_step_ms", "FSDP2 (tdc)", "#1565c0"),
-    ("tdc_fsdp_nochecks_step_ms", "FSDP2 (tdc, comm checks off)", "#5c6bc0"),
-    ("pytorch_fsdp_step_ms", "FSDP2 (PyTorch fully_shard)", "#ef6c00"),
+    ("tdc_fsdp_step_ms", "{v} (tdc)", "#1565c0"),
+    ("tdc_fsdp_nochecks_step_ms", "{v} (tdc, comm checks off)", "#5c6bc0"),
+    ("pytorch_fsdp_step_ms", "{v} (PyTorch {api})", "#ef6c00"),
 ]
+PYTORCH_API = {"FSDP2": "fully_shard", "FSDP1": "FullyShardedDataParallel"}
 
 
 def main():
@@ -36,7 +37,9 @@ def main():
     if not groups:
         sys.exit("fsdp_plot.py: no cases in " + a.json)
 
-    series = [s for s in SERIES if any(s[0] in c for _, c in groups)]
+    v = j.get("fsdp", "FSDP2")
+    series = [(k, label.format(v=v, api=PYTORCH_API.get(v, "?")), colour) for k, label, colour in SERIES
+              if any(k in c for _, c in groups)]
     width = 0.8 / len(series)
     fig, ax = plt.subplots(figsize=(2.6 * len(groups) + 1.5, 5.2), dpi=110)
     top = max(c.get(k, 0) or 0 for _, c in groups for k, _, _ in SERIES)
@@ -53,13 +56,13 @@ def main():
         if r:
             nc = c.get("ratio_nochecks")
             extra = f"\n(checks off: {nc:.2f})" if nc else ""
-            ax.text(g, top * 1.08, f"tdc / PyTorch FSDP2\n= {r:.2f}{extra}", ha="center", va="bottom",
+            ax.text(g, top * 1.08, f"tdc / PyTorch {v}\n= {r:.2f}{extra}", ha="center", va="bottom",
                     fontsize=9, fontweight="bold", color="#2e7d32" if r <= 1 else "#c62828")
     ax.set_xticks(range(len(groups)), [label for label, _ in groups])
     ax.set_ylabel("median step time (ms)")
     ax.set_ylim(0, top * 1.4)
     host = j.get("host", "?")
-    ax.set_title(f"FSDP benchmark: forward + loss + backward + SGD step, {j.get('repeat', '?')} timed "
+    ax.set_title(f"{v} benchmark: forward + loss + backward + SGD step, {j.get('repeat', '?')} timed "
                  f"steps per case, median over {j.get('rounds', 1)} round(s)\n{host} ({j.get('cpus', '?')} CPUs), 1 thread per rank, Gloo, "
                  f"LibTorch {j.get('libtorch_version', '?')} / torch {j.get('torch_version', '?')}",
                  fontsize=10)

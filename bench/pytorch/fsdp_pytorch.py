@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""PyTorch side of `tdc bench fsdp`: step time of PyTorch's own FSDP2 (torch.distributed.fsdp.fully_shard).
+"""PyTorch side of `tdc bench fsdp` / `fsdp1`: step time of PyTorch's own FSDP2 (torch.distributed.fsdp.fully_shard) or FSDP1 (FullyShardedDataParallel).
 
 Run by the tdc CLI with the project's venv (.venv/bin/python, torch 2.13 CPU):
 
-    .venv/bin/python bench/pytorch/fsdp_pytorch.py --out FILE [--repeat N] [--warmup W]
+    .venv/bin/python bench/pytorch/fsdp_pytorch.py --out FILE [--repeat N] [--warmup W] [--fsdp1]
 
 The models, batches and step are those of bench/cpp/bench_fsdp.cpp:
   * MLPStack(256) (common_fsdp.py's, i.e. MLP(256, x3), MLP(256), MLP(256, x3)), global batch 64,
@@ -15,7 +15,9 @@ make_fixture_goldens.py loads them (its loader is imported from there).
 
 A step is forward + loss + backward + torch.optim.SGD(lr=1e-3).step() + zero_grad(set_to_none).
 World sizes 2 and 4: world_size processes (torch.multiprocessing spawn), Gloo over a FileStore in
-a temp dir, fully_shard on every block and then the root, global_batch / world_size samples per
+a temp dir, fully_shard on every block and then the root (--fsdp1: FullyShardedDataParallel around
+the model with ModuleWrapPolicy on the block class, device_id cpu, FSDP1's defaults otherwise:
+FULL_SHARD, BACKWARD_PRE, use_orig_params=False), global_batch / world_size samples per
 rank, torch.set_num_threads(1) per rank; W untimed warm-up steps, N timed ones, rank 0's median.
 The single-process reference (the whole global batch, plain module) runs in this process.
 Progress goes to stderr (a line per case); the JSON (schema: docs/results-schema.md, "FSDP
@@ -108,8 +110,21 @@ def p90(v):
     return v[k - 1]
 
 
-def rank_main(rank, world, store_path, result_path, warmup, repeat):
-    from torch.distributed.fsdp import fully_shard
+def shard(name, model, fs, dt, fsdp1):
+    """The model to train: FSDP2 per block and root (in place), or an FSDP1 wrapper."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    if fsdp1:
+        block = fs.MLP if name == "MLPStack" else dt.TransformerBlock
+        return FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({block}),
+                                        device_id=torch.device("cpu"))
+    for b in blocks(name, model):
+        fully_shard(b)
+    fully_shard(model)
+    return model
+
+
+def rank_main(rank, world, store_path, result_path, warmup, repeat, fsdp1):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=300))
@@ -118,16 +133,13 @@ def rank_main(rank, world, store_path, result_path, warmup, repeat):
         results = {}
         for name, global_batch in MODELS.items():
             t0 = time.perf_counter()
-            model = build(name, fs, dt)
-            for b in blocks(name, model):
-                fully_shard(b)
-            fully_shard(model)
+            model = shard(name, build(name, fs, dt), fs, dt, fsdp1)
             inp, target = make_batch(name, global_batch // world, rank)
             ms = time_steps(model, inp, target, warmup, repeat, barrier=dist.barrier)
             results[name] = {"fsdp_step_ms": statistics.median(ms), "fsdp_p90_ms": p90(ms),
                              "local_batch": global_batch // world}
             if rank == 0:
-                print(f"[pytorch] {name:<11} fsdp   world {world} ... "
+                print(f"[pytorch] {name:<11} {'fsdp1' if fsdp1 else 'fsdp'}   world {world} ... "
                       f"{results[name]['fsdp_step_ms']:.2f} ms/step  ({time.perf_counter() - t0:.1f} s)",
                       file=sys.stderr, flush=True)
             del model
@@ -145,6 +157,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--world-sizes", default="2,4")
+    ap.add_argument("--fsdp1", action="store_true", help="time FSDP1 (FullyShardedDataParallel), not FSDP2")
     a = ap.parse_args()
     if a.repeat < 1 or a.warmup < 0:
         ap.error("--repeat must be >= 1 and --warmup >= 0")
@@ -171,7 +184,7 @@ def main():
         for world in worlds:
             store = os.path.join(tmp, f"store-{world}")
             result = os.path.join(tmp, f"result-{world}.json")
-            mp.start_processes(rank_main, args=(world, store, result, a.warmup, a.repeat),
+            mp.start_processes(rank_main, args=(world, store, result, a.warmup, a.repeat, a.fsdp1),
                                nprocs=world, join=True, start_method="spawn")
             with open(result) as f:
                 for name, r in json.load(f).items():
@@ -181,6 +194,7 @@ def main():
         "models": models,
         "cases": cases,
         "world_sizes": worlds,
+        "fsdp": "FSDP1" if a.fsdp1 else "FSDP2",
         "repeat": a.repeat,
         "warmup": a.warmup,
         "step": "forward + loss + backward + torch.optim.SGD(lr=1e-3) step, zero_grad(set_to_none)",

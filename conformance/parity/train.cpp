@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <memory>
+#include <set>
 #include <stdexcept>
 
 #include <ATen/ATen.h>
@@ -14,12 +15,16 @@
 #include "tdc/checkpoint/checkpoint.h"
 #include "tdc/checkpoint/detail/safetensors.h"
 #include "tdc/checkpoint/state_dict.h"
+#include "tdc/comm/collectives.h"
 #include "tdc/comm/process_group.h"
 #include "tdc/conformance/support.h"
 #include "tdc/ddp/ddp.h"
 #include "tdc/device_mesh.h"
+#include "tdc/fixtures/fsdp1_models.h"
 #include "tdc/fixtures/models.h"
 #include "tdc/fsdp/fully_shard.h"
+#include "tdc/fsdp1/fully_sharded_data_parallel.h"
+#include "tdc/fsdp1/wrap.h"
 #include "tdc/nn/checkpoint.h"
 #include "tdc/nn/layers.h"
 #include "tdc/pipelining/schedule.h"
@@ -109,7 +114,153 @@ struct Run {
   // Declared in this order so that the schedule goes before the stage it points at.
   std::unique_ptr<pipelining::PipelineStage> stage;
   std::unique_ptr<pipelining::PipelineScheduleRuntime> schedule;
+  std::shared_ptr<fsdp1::FullyShardedDataParallel> fsdp1_root;  // the root unit (recipe fsdp1)
+  fixtures::FSDPTestModel* test_model = nullptr;                // the model inside it (get_loss)
 };
+
+// ------------------------------------------------------------------ FSDP1 (recipe fsdp1)
+
+constexpr const char* kFsdpWrapped = "_fsdp_wrapped_module.";
+
+// The FQN without FSDP1's wrapper segments (PyTorch's clean_tensor_name).
+std::string clean_fqn(std::string fqn) {
+  const std::string seg = kFsdpWrapped;
+  for (size_t at = fqn.find(seg); at != std::string::npos; at = fqn.find(seg, at)) fqn.erase(at, seg.size());
+  return fqn;
+}
+
+fsdp1::ShardingStrategy sharding_strategy_of(const std::string& name) {
+  if (name == "FULL_SHARD") return fsdp1::ShardingStrategy::FULL_SHARD;
+  if (name == "SHARD_GRAD_OP") return fsdp1::ShardingStrategy::SHARD_GRAD_OP;
+  if (name == "NO_SHARD") return fsdp1::ShardingStrategy::NO_SHARD;
+  throw std::invalid_argument(fmt::format("unknown sharding strategy '{}'", name));
+}
+
+fsdp1::WrapPolicy policy_of(const fixtures::WrapRequest& r) {
+  using AutoWrap = fixtures::WrapRequest::AutoWrap;
+  if (r.auto_wrap == AutoWrap::ALWAYS) return fsdp1::always_wrap_policy();
+  if (r.auto_wrap == AutoWrap::MODULE_TYPES)
+    return fsdp1::ModuleWrapPolicy(std::set<std::string>(r.module_types.begin(), r.module_types.end()));
+  return {};
+}
+
+// [Note: FSDP1 parity wrapping] run_scenario.py's build_fsdp1 does what test_fsdp_core's
+// _test_fsdp_parity does: model_class.init(group, RECURSIVE, DEVICE_BEFORE, fsdp_kwargs,
+// deterministic=True) wraps the units the fixture asks for while it builds the model, a root unit
+// goes around it when init did not wrap the root, and the weights of the inputs file are written
+// into the full parameters. Here the weights go into the model before anything is wrapped, and the
+// units are the same: tdc's fixture is built with a wrap function that only records which modules
+// it would wrap (and with which request) and leaves them unwrapped; after loading, one
+// FullyShardedDataParallel::make on the root wraps exactly those, bottom-up, as nested units
+// (a CustomPolicy over the recorded modules; or, when the fixture's request was for the root
+// itself, the auto-wrap policy it asked for). Same units, same FQNs, same flat parameters.
+void build_fsdp1(const Scenario& sc, const TensorMap& inputs, const DeviceMesh& mesh, Run& run) {
+  const comm::GroupPtr group = mesh.get_group();
+  fsdp1::FSDPOptions options;
+  options.process_group = group;
+  options.sharding_strategy = sharding_strategy_of(sc.recipe.sharding_strategy);
+  options.use_orig_params = sc.recipe.use_orig_params;
+  options.device_id = c10::Device(c10::kCPU);
+  struct Requested {
+    nn::Module* module;
+    fixtures::WrapRequest request;
+  };
+  std::vector<Requested> requested;
+  const fixtures::FSDPWrapFn record = [&](nn::ModulePtr m, const fixtures::WrapRequest& r) {
+    requested.push_back({m.get(), r});
+    return m;
+  };
+  using fixtures::DEVICEInitMode, fixtures::FSDPInitMode;
+  const nn::ModulePtr model =
+      sc.model.type == "nested_wrapped_module"
+          ? fixtures::NestedWrappedModule::init(group, FSDPInitMode::RECURSIVE, DEVICEInitMode::DEVICE_BEFORE, record,
+                                                /*deterministic=*/true)
+          : fixtures::TransformerWithSharedParams::init(group, FSDPInitMode::RECURSIVE, DEVICEInitMode::DEVICE_BEFORE,
+                                                        record, /*deterministic=*/true);
+  {
+    at::NoGradGuard no_grad;
+    for (auto& [name, p] : model->named_params()) p.copy_(input(inputs, "init." + name));
+  }
+  fsdp1::FSDPOptions root = options;
+  std::set<nn::Module*> inner;
+  for (const auto& [module, request] : requested) {
+    if (request.group && request.group != group)
+      throw std::logic_error(fmt::format("{}::init asked for a unit on another process group", model->type_name()));
+    if (module == model.get()) {
+      root.auto_wrap_policy = policy_of(request);
+    } else if (request.auto_wrap != fixtures::WrapRequest::AutoWrap::NONE) {
+      throw std::logic_error(
+          fmt::format("{}::init asked for an auto-wrapped inner unit (not supported here)", model->type_name()));
+    } else {
+      inner.insert(module);
+    }
+  }
+  if (!inner.empty()) {
+    if (root.auto_wrap_policy)
+      throw std::logic_error(fmt::format("{}::init asked for inner units and a root policy", model->type_name()));
+    root.auto_wrap_policy = fsdp1::CustomPolicy([inner](nn::Module& m) { return inner.count(&m) > 0; },
+                                                fmt::format("the units {}::init(RECURSIVE) wraps", model->type_name()));
+  }
+  run.fsdp1_root = fsdp1::FullyShardedDataParallel::make(model, root);
+  run.test_model = &fixtures::test_model_of(*run.fsdp1_root);
+  run.call = run.fsdp1_root.get();
+  run.dp_index = mesh.get_rank();
+  run.dp_size = mesh.size();
+  run.parts = {{std::nullopt, run.fsdp1_root}};
+}
+
+// Sums {key: value} over the ranks (float64 all-reduce on the default group, keys in order).
+std::map<std::string, double> all_ranks_sum(const std::map<std::string, double>& values) {
+  std::vector<double> flat;
+  for (const auto& [k, v] : values) flat.push_back(v);
+  at::Tensor t = at::tensor(flat, at::kDouble);
+  comm::all_reduce(t);
+  std::map<std::string, double> out;
+  size_t i = 0;
+  for (const auto& [k, v] : values) out[k] = t[static_cast<int64_t>(i++)].item<double>();
+  return out;
+}
+
+double squares(const at::Tensor& g) {
+  const at::Tensor d = g.detach().to(at::kDouble);
+  return (d * d).sum().item<double>();
+}
+
+// [Note: FSDP1 gradient trace] in run_scenario.py: per original parameter with
+// use_orig_params = true (this rank's part; none or undefined: 0), per unit's flat parameter
+// ("<unit>._flat_param", wrapper-free) otherwise; summed over the ranks.
+std::map<std::string, double> fsdp1_grad_squares(Run& run) {
+  std::map<std::string, double> local;
+  if (run.fsdp1_root->options().use_orig_params) {
+    for (auto& [fqn, p] : run.fsdp1_root->named_params()) {
+      const at::Tensor& g = p.grad();
+      local[clean_fqn(fqn)] = g.defined() ? squares(g) : 0.0;
+    }
+  } else {
+    for (auto& [fqn, m] : run.fsdp1_root->named_modules_tdc()) {
+      auto* unit = dynamic_cast<fsdp1::FullyShardedDataParallel*>(m);
+      if (!unit || !unit->flat_param().defined()) continue;
+      const at::Tensor& g = unit->flat_param().grad();
+      if (!g.defined())
+        throw std::runtime_error(fmt::format("FSDP unit '{}' has no flat gradient after backward", fqn));
+      local[clean_fqn((fqn.empty() ? "" : fqn + ".") + kFsdpWrapped + "_flat_param")] = squares(g);
+    }
+  }
+  return all_ranks_sum(local);
+}
+
+// The full parameters, as summon_full_params shows them.
+std::map<std::string, Checksums> fsdp1_param_checksums(Run& run) {
+  fsdp1::SummonOptions options;
+  options.writeback = false;
+  const fsdp1::SummonFullParams full(*run.fsdp1_root, options);
+  std::map<std::string, Checksums> out;
+  for (auto& [fqn, p] : run.fsdp1_root->named_params()) {
+    const at::Tensor v = p.detach().to(at::kDouble);
+    out[clean_fqn(fqn)] = {v.sum().item<double>(), v.abs().sum().item<double>(), v.norm().item<double>()};
+  }
+  return out;
+}
 
 void build_pipeline(const Scenario& sc, const nn::ModulePtr& model, const DeviceMesh& mesh, Run& run) {
   const DeviceMesh pp_mesh = mesh["pp"];
@@ -144,12 +295,16 @@ void build_pipeline(const Scenario& sc, const nn::ModulePtr& model, const Device
 std::unique_ptr<Run> build(const Scenario& sc, const TensorMap& inputs, const std::optional<DeviceMesh>& mesh) {
   const Recipe& recipe = sc.recipe;
   const std::string& kind = recipe.kind;
+  auto run = std::make_unique<Run>();
+  if (kind == "fsdp1") {
+    build_fsdp1(sc, inputs, *mesh, *run);
+    return run;
+  }
   nn::ModulePtr model = build_model(sc.model);
   {
     at::NoGradGuard no_grad;
     for (auto& [name, p] : model->named_params()) p.copy_(input(inputs, "init." + name));
   }
-  auto run = std::make_unique<Run>();
   if (kind == "pipeline") {
     build_pipeline(sc, model, *mesh, *run);
     return run;
@@ -203,6 +358,7 @@ std::string model_fqn(const std::string& fqn, const std::optional<int64_t>& offs
 
 // {fqn: sum of squares of the full gradient} (float64); collective for distributed parameters.
 std::map<std::string, double> grad_squares(Run& run) {
+  if (run.fsdp1_root) return fsdp1_grad_squares(run);
   std::map<std::string, double> out;
   for (auto& part : run.parts) {
     for (auto& np : tensor::named_params_with_specs(*part.module)) {
@@ -216,6 +372,7 @@ std::map<std::string, double> grad_squares(Run& run) {
 }
 
 std::map<std::string, Checksums> param_checksums(Run& run) {
+  if (run.fsdp1_root) return fsdp1_param_checksums(run);
   std::map<std::string, Checksums> out;
   for (auto& part : run.parts) {
     for (auto& np : tensor::named_params_with_specs(*part.module)) {
@@ -234,6 +391,17 @@ at::Tensor local(const at::Tensor& t, const Run& run) { return at::chunk(t, run.
 // Forward + backward of every micro step; the rank's mean local loss, or none (pipeline ranks
 // without the last stage).
 std::optional<double> train_step(const Scenario& sc, Run& run, const TensorMap& inputs, int s) {
+  if (run.fsdp1_root) {  // the fixture's inputs for this rank and its loss
+    nn::Tensors x;
+    for (int i = 0;; ++i) {
+      auto it = inputs.find(fmt::format("data.step{}.rank{}.input{}", s, run.dp_index, i));
+      if (it == inputs.end()) break;
+      x.push_back(it->second);
+    }
+    const at::Tensor loss = run.test_model->get_loss(x, (*run.call)(x));
+    run.test_model->run_backward(loss);
+    return static_cast<double>(loss.item<float>());
+  }
   const std::string data = fmt::format("data.step{}.micro", s);
   if (run.schedule) {
     const at::Tensor x = local(input(inputs, data + "0.input"), run);
