@@ -20,8 +20,8 @@ namespace tdc::fsdp1 {
 // and count once. The padding of a flat shard has zero gradient and adds nothing.
 at::Tensor FullyShardedDataParallel::clip_grad_norm_(double max_norm, double norm_type) {
   if (!unit_->is_root()) {
-    throw std::logic_error(fmt::format("clip_grad_norm_: FSDP unit {} is not the root; call it on the root",
-                                       unit_->label()));
+    throw std::logic_error(
+        fmt::format("clip_grad_norm_: FSDP unit {} is not the root; call it on the root", unit_->label()));
   }
   unit_->check_idle("clip_grad_norm_");
   if (!(norm_type > 0)) throw std::invalid_argument(fmt::format("clip_grad_norm_: norm_type {} <= 0", norm_type));
@@ -50,8 +50,7 @@ at::Tensor FullyShardedDataParallel::clip_grad_norm_(double max_norm, double nor
     }
   }
   comm::all_reduce(local_sharded, inf ? comm::ReduceOp::MAX : comm::ReduceOp::SUM, process_group());
-  at::Tensor total = inf ? at::maximum(local_sharded, replicated)
-                         : (local_sharded + replicated).pow(1.0 / norm_type);
+  at::Tensor total = inf ? at::maximum(local_sharded, replicated) : (local_sharded + replicated).pow(1.0 / norm_type);
   const at::Tensor coef = at::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0);
   for (auto& g : grads) g.mul_(coef.to(g.scalar_type()));
   return total;

@@ -9,11 +9,16 @@ namespace tdc::fsdp1 {
 
 const char* to_string(ShardingStrategy strategy) {
   switch (strategy) {
-    case ShardingStrategy::FULL_SHARD: return "FULL_SHARD";
-    case ShardingStrategy::SHARD_GRAD_OP: return "SHARD_GRAD_OP";
-    case ShardingStrategy::NO_SHARD: return "NO_SHARD";
-    case ShardingStrategy::HYBRID_SHARD: return "HYBRID_SHARD";
-    case ShardingStrategy::_HYBRID_SHARD_ZERO2: return "_HYBRID_SHARD_ZERO2";
+    case ShardingStrategy::FULL_SHARD:
+      return "FULL_SHARD";
+    case ShardingStrategy::SHARD_GRAD_OP:
+      return "SHARD_GRAD_OP";
+    case ShardingStrategy::NO_SHARD:
+      return "NO_SHARD";
+    case ShardingStrategy::HYBRID_SHARD:
+      return "HYBRID_SHARD";
+    case ShardingStrategy::_HYBRID_SHARD_ZERO2:
+      return "_HYBRID_SHARD_ZERO2";
   }
   return "?";
 }
@@ -24,29 +29,40 @@ const char* to_string(BackwardPrefetch prefetch) {
 
 const char* to_string(StateDictType type) {
   switch (type) {
-    case StateDictType::FULL_STATE_DICT: return "FULL_STATE_DICT";
-    case StateDictType::LOCAL_STATE_DICT: return "LOCAL_STATE_DICT";
-    case StateDictType::SHARDED_STATE_DICT: return "SHARDED_STATE_DICT";
+    case StateDictType::FULL_STATE_DICT:
+      return "FULL_STATE_DICT";
+    case StateDictType::LOCAL_STATE_DICT:
+      return "LOCAL_STATE_DICT";
+    case StateDictType::SHARDED_STATE_DICT:
+      return "SHARDED_STATE_DICT";
   }
   return "?";
 }
 
 const char* to_string(TrainingState state) {
   switch (state) {
-    case TrainingState::IDLE: return "IDLE";
-    case TrainingState::FORWARD_BACKWARD: return "FORWARD_BACKWARD";
-    case TrainingState::SUMMON_FULL_PARAMS: return "SUMMON_FULL_PARAMS";
+    case TrainingState::IDLE:
+      return "IDLE";
+    case TrainingState::FORWARD_BACKWARD:
+      return "FORWARD_BACKWARD";
+    case TrainingState::SUMMON_FULL_PARAMS:
+      return "SUMMON_FULL_PARAMS";
   }
   return "?";
 }
 
 const char* to_string(HandleTrainingState state) {
   switch (state) {
-    case HandleTrainingState::IDLE: return "IDLE";
-    case HandleTrainingState::FORWARD: return "FORWARD";
-    case HandleTrainingState::BACKWARD_PRE: return "BACKWARD_PRE";
-    case HandleTrainingState::BACKWARD_POST: return "BACKWARD_POST";
-    case HandleTrainingState::SUMMON_FULL_PARAMS: return "SUMMON_FULL_PARAMS";
+    case HandleTrainingState::IDLE:
+      return "IDLE";
+    case HandleTrainingState::FORWARD:
+      return "FORWARD";
+    case HandleTrainingState::BACKWARD_PRE:
+      return "BACKWARD_PRE";
+    case HandleTrainingState::BACKWARD_POST:
+      return "BACKWARD_POST";
+    case HandleTrainingState::SUMMON_FULL_PARAMS:
+      return "SUMMON_FULL_PARAMS";
   }
   return "?";
 }

@@ -7,18 +7,32 @@
 #include "tdc/fsdp1/testing.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/strides.h>
 #include <fmt/format.h>
 
 namespace tdc::fsdp1::detail {
 
 namespace {
 
+// A view sharing `base`'s storage and version counter but not an autograd view of it: the base is
+// written in place (all-gathers, optimizer steps) while the views live, which autograd forbids for
+// differentiable views of one base handed out together.
 at::Tensor detached_view(const at::Tensor& base, int64_t offset, int64_t numel, const std::vector<int64_t>& shape) {
-  return base.detach().narrow(0, offset, numel).view(shape);
+  return base.detach().narrow(0, offset, numel).view(shape).detach();
 }
 
 void scale_if_needed(at::Tensor& t, double factor) {
   if (factor > 1.0) t.div_(factor);
+}
+
+// A tensor over `base`'s storage with its own version counter: forward hands these out, autograd
+// saves them, and backward's all-gather refills the storage under them ([Note: FSDP1 flat
+// parameter]) without tripping autograd's check of saved tensors.
+at::Tensor storage_view(const at::Tensor& base, int64_t offset, const std::vector<int64_t>& shape) {
+  at::NoGradGuard no_grad;
+  at::Tensor v = at::empty({0}, base.options().requires_grad(false));
+  v.set_(base.storage(), base.storage_offset() + offset, shape, c10::contiguous_strides(shape));
+  return v;
 }
 
 }  // namespace
@@ -54,7 +68,7 @@ void FlatParamHandle::make_orig_views() {
     } else {
       const int64_t lo = std::clamp(s.offset - shard_offset_, int64_t{0}, shard_numel);
       const int64_t hi = std::clamp(s.offset + s.numel - shard_offset_, int64_t{0}, shard_numel);
-      v = flat_param_.detach().narrow(0, lo, hi - lo);
+      v = flat_param_.detach().narrow(0, lo, hi - lo).detach();
     }
     orig_.push_back(v.requires_grad_(s.requires_grad));
   }
@@ -82,7 +96,9 @@ void FlatParamHandle::move_to(c10::Device device, nn::Module& wrapped) {
   at::NoGradGuard no_grad;
   reshard();
   unsharded_ = at::Tensor();
-  flat_param_.set_data(flat_param_.detach().to(device));
+  // A new leaf (set_data cannot change the tensor type, e.g. CPU -> meta); optimizers made before
+  // the move keep the old one, as in PyTorch.
+  flat_param_ = flat_param_.detach().to(device).requires_grad_(flat_param_.requires_grad());
   if (config_.use_orig_params) {
     make_orig_views();
   }
@@ -168,7 +184,11 @@ at::Tensor FlatParamHandle::gather_full_precision() {
 }
 
 void FlatParamHandle::write_back(const at::Tensor& full) {
-  if (!config_.sharded) return;
+  if (!config_.sharded) {
+    // The full views were the parameter itself; a low-precision copy made before is stale now.
+    unsharded_valid_ = unsharded_valid_ && compute_dtype() == param_dtype();
+    return;
+  }
   at::NoGradGuard no_grad;
   flat_param_.detach().copy_(full.narrow(0, shard_offset_, shard_numel()));
 }
@@ -191,7 +211,12 @@ std::vector<at::Tensor> FlatParamHandle::views_of(const at::Tensor& flat) const 
   return out;
 }
 
-std::vector<at::Tensor> FlatParamHandle::unsharded_views() const { return views_of(unsharded_); }
+std::vector<at::Tensor> FlatParamHandle::unsharded_views() const {
+  std::vector<at::Tensor> out;
+  out.reserve(slots_.size());
+  for (const auto& s : slots_) out.push_back(storage_view(unsharded_, s.offset, s.shape));
+  return out;
+}
 
 void FlatParamHandle::install_substitutes(const std::vector<at::Tensor>& views) {
   for (size_t i = 0; i < slots_.size(); ++i) slots_[i].module->set_param_substitute(slots_[i].name, views[i]);
@@ -266,7 +291,8 @@ void FlatParamHandle::accumulate_sharded(const at::Tensor& new_grad) {
     const at::Tensor& old = orig_[i].grad();
     const at::Tensor& base = orig_[i];
     const int64_t begin = config_.sharded ? base.storage_offset() - flat_param_.storage_offset() : slots_[i].offset;
-    at::Tensor part = flat.narrow(0, begin, base.numel()).view(base.sizes());
+    // Not an autograd view: optimizers detach_() gradients in zero_grad.
+    at::Tensor part = storage_view(flat, begin, base.sizes().vec());
     if (old.defined()) part.add_(old);
     orig_[i].mutable_grad() = part;
   }

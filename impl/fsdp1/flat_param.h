@@ -41,7 +41,7 @@ struct HandleConfig {
   std::optional<MixedPrecision> mp;
   double predivide = 1.0, postdivide = 1.0;
   c10::Device compute_device = c10::Device(c10::kCPU);
-  std::string label;  // for messages: "FSDP unit 'layers.0' (TransformerEncoderLayer)"
+  std::string label;                                // for messages: "FSDP unit 'layers.0' (TransformerEncoderLayer)"
   const FullyShardedDataParallel* owner = nullptr;  // the unit (test observers name it)
 };
 
@@ -131,9 +131,9 @@ class FlatParamHandle {
   std::vector<SharedSlot> shared_;
   HandleConfig config_;
   int64_t numel_ = 0, padded_numel_ = 0, shard_offset_ = 0;
-  at::Tensor flat_param_;          // the shard (leaf)
-  std::vector<at::Tensor> orig_;   // use_orig_params: the registered views of the shard
-  at::Tensor unsharded_;           // padded, compute dtype; storage freed when resharded
+  at::Tensor flat_param_;         // the shard (leaf)
+  std::vector<at::Tensor> orig_;  // use_orig_params: the registered views of the shard
+  at::Tensor unsharded_;          // padded, compute dtype; storage freed when resharded
   bool unsharded_valid_ = false;
   int64_t gathered_version_ = -1;  // flat_param_'s version the unsharded vector was made from
   at::Tensor grad_accum_;          // no_sync: unsharded flat gradient

@@ -41,9 +41,8 @@ nn::Tensors FullyShardedDataParallel::forward(const nn::Tensors& inputs) {
 }
 
 nn::ModulePtr FullyShardedDataParallel::clone_empty() const {
-  throw std::logic_error(
-      fmt::format("FullyShardedDataParallel around {} cannot be copied: copy the model before wrapping it",
-                  module().type_name()));
+  throw std::logic_error(fmt::format(
+      "FullyShardedDataParallel around {} cannot be copied: copy the model before wrapping it", module().type_name()));
 }
 
 nn::Module& FullyShardedDataParallel::module() const { return child(detail::kWrappedModuleName); }
@@ -94,8 +93,10 @@ void FullyShardedDataParallel::to(torch::Device device, bool non_blocking) {
   at::NoGradGuard no_grad;
   for (auto& [fqn, m] : named_modules_tdc()) {
     for (auto& item : m->named_parameters(/*recurse=*/false)) {
-      at::Tensor t = item.value();
-      if (t.defined() && t.device() != device) t.set_data(t.to(device, non_blocking));
+      const at::Tensor& t = item.value();
+      if (t.defined() && t.device() != device) {
+        m->replace_param(item.key(), t.detach().to(device, non_blocking).requires_grad_(t.requires_grad()));
+      }
     }
     for (auto& item : m->named_buffers(/*recurse=*/false)) {
       at::Tensor t = item.value();

@@ -41,9 +41,9 @@ std::vector<std::pair<std::string, at::Tensor>> persistent_buffers(nn::Module& r
 // The mesh a SHARDED_STATE_DICT entry of `unit` lives on: the unit's device_mesh, else a 1-D mesh
 // over the world (made once per unit), else an error.
 DeviceMesh shard_mesh(FullyShardedDataParallel& unit) {
-  if (unit.options().device_mesh) return unit.options().device_mesh->ndim() == 1 ? *unit.options().device_mesh
-                                                                                   : (*unit.options().device_mesh)
-                                                                                         .select_dims({0});
+  if (unit.options().device_mesh)
+    return unit.options().device_mesh->ndim() == 1 ? *unit.options().device_mesh
+                                                   : (*unit.options().device_mesh).select_dims({0});
   static thread_local std::map<const comm::ProcessGroup*, DeviceMesh> meshes;
   const comm::GroupPtr& pg = unit.process_group();
   auto it = meshes.find(pg.get());
@@ -131,8 +131,8 @@ void check_keys(const std::vector<std::pair<std::string, at::Tensor>>& expected,
     if (!want.count(k)) unexpected.push_back(k);
   }
   if (strict && (!missing.empty() || !unexpected.empty())) {
-    load_error(fmt::format("missing keys [{}], unexpected keys [{}]", fmt::join(missing, ", "),
-                           fmt::join(unexpected, ", ")));
+    load_error(
+        fmt::format("missing keys [{}], unexpected keys [{}]", fmt::join(missing, ", "), fmt::join(unexpected, ", ")));
   }
 }
 
@@ -193,9 +193,12 @@ checkpoint::StateDict FullyShardedDataParallel::state_dict() {
   unit_->check_idle("state_dict");
   if (!unit_->is_root()) unit_->lazy_init();
   switch (unit_->state_dict_type) {
-    case StateDictType::FULL_STATE_DICT: return full_state_dict(*this);
-    case StateDictType::SHARDED_STATE_DICT: return sharded_state_dict(*this);
-    case StateDictType::LOCAL_STATE_DICT: return local_state_dict(*this);
+    case StateDictType::FULL_STATE_DICT:
+      return full_state_dict(*this);
+    case StateDictType::SHARDED_STATE_DICT:
+      return sharded_state_dict(*this);
+    case StateDictType::LOCAL_STATE_DICT:
+      return local_state_dict(*this);
   }
   return {};
 }

@@ -23,8 +23,9 @@ SummonFullParams::SummonFullParams(nn::Module& module, const SummonOptions& opti
         fmt::format("summon_full_params: {} contains no FullyShardedDataParallel unit", module.type_name()));
   }
   if (options.writeback && options.rank0_only) {
-    throw std::invalid_argument("summon_full_params: writeback=true with rank0_only=true is not supported (as in "
-                                "PyTorch): pass writeback=false");
+    throw std::invalid_argument(
+        "summon_full_params: writeback=true with rank0_only=true is not supported (as in "
+        "PyTorch): pass writeback=false");
   }
   for (auto* u : units_) {
     if (options.with_grads && !u->options().use_orig_params) {

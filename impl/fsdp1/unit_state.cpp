@@ -81,10 +81,10 @@ void UnitState::set_training_state(TrainingState next, const char* action,
 void UnitState::check_idle(const char* action) const {
   const bool in_backward = torch::autograd::get_current_graph_task_id() != -1;
   if (training_state_ != TrainingState::IDLE || in_backward) {
-    detail::throw_lifecycle_error(label_, action,
-                                  in_backward ? fmt::format("{} during a backward pass", to_string(training_state_))
-                                              : to_string(training_state_),
-                                  "IDLE (outside forward, backward and summon_full_params)");
+    detail::throw_lifecycle_error(
+        label_, action,
+        in_backward ? fmt::format("{} during a backward pass", to_string(training_state_)) : to_string(training_state_),
+        "IDLE (outside forward, backward and summon_full_params)");
   }
 }
 
@@ -157,8 +157,9 @@ nn::Tensors UnitState::pre_forward(nn::Tensors inputs) {
     if (cast && (handle_ || is_root_)) inputs = cast_floating(std::move(inputs), *mp->param_dtype);
   }
   if (!handle_) return inputs;
-  handle_->set_state(HandleTrainingState::FORWARD, "forward",
-                     {HandleTrainingState::IDLE, HandleTrainingState::BACKWARD_PRE, HandleTrainingState::BACKWARD_POST});
+  handle_->set_state(
+      HandleTrainingState::FORWARD, "forward",
+      {HandleTrainingState::IDLE, HandleTrainingState::BACKWARD_PRE, HandleTrainingState::BACKWARD_POST});
   handle_->ran_pre_backward = false;
   record_execution(&UnitState::pre_forward_order_);
   handle_->unshard();

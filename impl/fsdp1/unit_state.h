@@ -63,7 +63,7 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   TrainingState training_state_ = TrainingState::IDLE;
   bool lazy_inited_ = false, is_root_ = false;
   UnitState* root_ = nullptr;
-  std::vector<UnitState*> tree_;        // root: every unit below it, itself first
+  std::vector<UnitState*> tree_;  // root: every unit below it, itself first
   // Root: units with parameters in the order of their pre-forwards and of their post-forwards in
   // the first iteration (forward prefetch walks the first, backward prefetch the second backwards).
   std::vector<UnitState*> pre_forward_order_, post_forward_order_;

@@ -40,9 +40,8 @@ WrapPolicy size_based_auto_wrap_policy(int64_t min_num_params) {
 
 WrapPolicy CustomPolicy(std::function<bool(nn::Module& module)> fn, std::string name) {
   if (!fn) throw std::invalid_argument(fmt::format("{}: empty function", name));
-  return WrapPolicy(std::move(name), [fn = std::move(fn)](nn::Module& m, bool recurse, int64_t) {
-    return recurse || fn(m);
-  });
+  return WrapPolicy(std::move(name),
+                    [fn = std::move(fn)](nn::Module& m, bool recurse, int64_t) { return recurse || fn(m); });
 }
 
 }  // namespace tdc::fsdp1

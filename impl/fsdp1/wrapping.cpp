@@ -44,15 +44,16 @@ struct Groups {
 
 Groups resolve_groups(const nn::Module& module, const FSDPOptions& o) {
   if (o.process_group && o.device_mesh) {
-    throw std::invalid_argument(fmt::format(
-        "FullyShardedDataParallel({}): pass process_group or device_mesh, not both", module.type_name()));
+    throw std::invalid_argument(
+        fmt::format("FullyShardedDataParallel({}): pass process_group or device_mesh, not both", module.type_name()));
   }
   if (o.device_mesh) {
     const DeviceMesh& mesh = *o.device_mesh;
     if (mesh.ndim() > 2) {
-      throw std::invalid_argument(fmt::format("FullyShardedDataParallel({}): device_mesh {} has {} dims; FSDP1 takes "
-                                              "1 or 2",
-                                              module.type_name(), mesh.to_string(), mesh.ndim()));
+      throw std::invalid_argument(
+          fmt::format("FullyShardedDataParallel({}): device_mesh {} has {} dims; FSDP1 takes "
+                      "1 or 2",
+                      module.type_name(), mesh.to_string(), mesh.ndim()));
     }
     if (is_hybrid(o.sharding_strategy)) {
       if (mesh.ndim() != 2) {
@@ -89,8 +90,8 @@ struct Plan {
 std::unordered_set<const nn::Module*> ignored_set(nn::Module& root, const FSDPOptions& o) {
   std::unordered_set<const nn::Module*> out;
   for (nn::Module* m : o.ignored_modules) {
-    if (!m) throw std::invalid_argument(fmt::format("FullyShardedDataParallel({}): a null ignored module",
-                                                    root.type_name()));
+    if (!m)
+      throw std::invalid_argument(fmt::format("FullyShardedDataParallel({}): a null ignored module", root.type_name()));
     for (auto& [fqn, sub] : m->named_modules_tdc()) out.insert(sub);
   }
   return out;
@@ -208,10 +209,10 @@ void check_flattenable(const nn::Module& unit_root, const Collected& c, const FS
   }
   for (size_t i = 0; i < c.values.size(); ++i) {
     if (!at::isFloatingType(c.values[i].scalar_type())) {
-      throw std::invalid_argument(fmt::format("FullyShardedDataParallel({}): parameter '{}' is {}; FSDP flattens "
-                                              "floating-point parameters only",
-                                              unit_root.type_name(), c.slots[i].fqn,
-                                              c10::toString(c.values[i].scalar_type())));
+      throw std::invalid_argument(
+          fmt::format("FullyShardedDataParallel({}): parameter '{}' is {}; FSDP flattens "
+                      "floating-point parameters only",
+                      unit_root.type_name(), c.slots[i].fqn, c10::toString(c.values[i].scalar_type())));
     }
   }
 }
@@ -335,10 +336,10 @@ FSDPPtr wrap_module(nn::ModulePtr module, const FSDPOptions& options) {
 void check_state_dict_type_supported(const FullyShardedDataParallel& unit, StateDictType type) {
   if (type == StateDictType::FULL_STATE_DICT) return;
   if (unit.options().sharding_strategy == ShardingStrategy::NO_SHARD) {
-    throw std::invalid_argument(fmt::format(
-        "state_dict_type {}: FSDP unit around {} uses NO_SHARD, whose parameters are not sharded; use "
-        "FULL_STATE_DICT (PyTorch warns and returns the full state dict instead)",
-        to_string(type), unit.module().type_name()));
+    throw std::invalid_argument(
+        fmt::format("state_dict_type {}: FSDP unit around {} uses NO_SHARD, whose parameters are not sharded; use "
+                    "FULL_STATE_DICT (PyTorch warns and returns the full state dict instead)",
+                    to_string(type), unit.module().type_name()));
   }
 }
 

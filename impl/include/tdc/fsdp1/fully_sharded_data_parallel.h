@@ -113,11 +113,11 @@ struct FSDPOptions {
 
 // summon_full_params(module, ...) options (PyTorch's keyword arguments).
 struct SummonOptions {
-  bool recurse = true;           // every unit in the subtree (false: the given unit only)
-  bool writeback = true;         // changes to the full parameters persist into the shards
-  bool rank0_only = false;       // only rank 0 sees full parameters (others: their shards)
-  bool offload_to_cpu = false;   // the full parameters are CPU copies
-  bool with_grads = false;       // full gradients too (use_orig_params = true only)
+  bool recurse = true;          // every unit in the subtree (false: the given unit only)
+  bool writeback = true;        // changes to the full parameters persist into the shards
+  bool rank0_only = false;      // only rank 0 sees full parameters (others: their shards)
+  bool offload_to_cpu = false;  // the full parameters are CPU copies
+  bool with_grads = false;      // full gradients too (use_orig_params = true only)
 };
 
 class FlatParamHandle;
