@@ -4,18 +4,13 @@
 //
 //   tdc_example_pipelining [DIR]     (DIR: where the ranks rendezvous; default: a temp dir)
 //
-// The two ranks are forked here to keep the example self-contained; under a launcher each rank
-// would run `train(rank, 2, store)` itself.
-#include <sys/wait.h>
-#include <unistd.h>
-
+// The two ranks are forked here (run_ranks.h) to keep the example self-contained.
 #include <cstdio>
-#include <filesystem>
-#include <string>
 
 #include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/optim/sgd.h>
+
+#include "run_ranks.h"
 
 #include "tdc/comm/process_group.h"
 #include "tdc/nn/layers.h"
@@ -73,28 +68,4 @@ int train(int rank, int world, const c10::intrusive_ptr<c10d::Store>& store) {
   return 0;
 }
 
-int main(int argc, char** argv) {
-  namespace fs = std::filesystem;
-  const fs::path dir =
-      argc > 1 ? fs::path(argv[1]) : fs::temp_directory_path() / ("tdc-pp-" + std::to_string(getpid()));
-  fs::create_directories(dir);
-  fs::remove(dir / "store");
-  pid_t children[2];
-  for (int rank = 0; rank < 2; ++rank) {
-    children[rank] = fork();
-    if (children[rank] == 0) {
-      auto store = c10::make_intrusive<c10d::FileStore>((dir / "store").string(), 2);
-      const int rc = train(rank, 2, store);
-      std::fflush(nullptr);
-      std::_Exit(rc);
-    }
-  }
-  int failed = 0;
-  for (pid_t child : children) {
-    int status = 0;
-    waitpid(child, &status, 0);
-    failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  }
-  if (argc <= 1) fs::remove_all(dir);
-  return failed == 0 ? 0 : 1;
-}
+int main(int argc, char** argv) { return run_ranks(argc, argv, 2, "tdc-pp", train); }
