@@ -229,7 +229,7 @@ TEST(ParityScenario, Fsdp1ScenariosAreChecked) {
          j["recipe"] = {{"kind", "fsdp"}};
        },
        file + ": field 'recipe.kind': model 'nested_wrapped_module' (an FSDP1 test model) needs recipe 'fsdp1' "
-              "(value: \"fsdp\")"},
+              "(or 'none': unwrapped, 1 rank) (value: \"fsdp\")"},
       {[](auto& j) { j["recipe"]["grad_accum"] = 2; },
        file + ": field 'recipe.grad_accum': not with recipe 'fsdp1' (value: 2)"},
   };

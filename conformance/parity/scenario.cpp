@@ -186,12 +186,15 @@ void check_consistency(const Scenario& s, Reader& r) {
   if (product != s.world_size)
     fail("mesh.shape", fmt::format("has {} ranks; world_size is {}", product, s.world_size), json(s.mesh_shape));
   if (rc.kind == "none" && s.world_size != 1) fail("world_size", "recipe 'none' runs on 1 rank", json(s.world_size));
-  if ((rc.kind == "fsdp1") != s.model.is_fsdp1_fixture())
-    fail(rc.kind == "fsdp1" ? "model.type" : "recipe.kind",
-         rc.kind == "fsdp1" ? "recipe 'fsdp1' needs an FSDP1 test model (nested_wrapped_module, "
-                              "transformer_with_shared_params)"
-                            : fmt::format("model '{}' (an FSDP1 test model) needs recipe 'fsdp1'", s.model.type),
-         json(rc.kind == "fsdp1" ? s.model.type : rc.kind));
+  if (rc.kind == "fsdp1" && !s.model.is_fsdp1_fixture())
+    fail("model.type",
+         "recipe 'fsdp1' needs an FSDP1 test model (nested_wrapped_module, transformer_with_shared_params)",
+         json(s.model.type));
+  if (s.model.is_fsdp1_fixture() && rc.kind != "fsdp1" && rc.kind != "none")
+    fail("recipe.kind",
+         fmt::format("model '{}' (an FSDP1 test model) needs recipe 'fsdp1' (or 'none': unwrapped, 1 rank)",
+                     s.model.type),
+         json(rc.kind));
   if (rc.kind == "fsdp1") {
     if (rc.mixed_precision)
       fail("recipe.mixed_precision", "not with recipe 'fsdp1'", json(rc.mixed_precision->param_dtype));

@@ -55,6 +55,13 @@ const at::Tensor& input(const TensorMap& inputs, const std::string& key) {
 }
 
 nn::ModulePtr build_model(const ModelSpec& m) {
+  using fixtures::DEVICEInitMode, fixtures::FSDPInitMode;
+  if (m.type == "nested_wrapped_module")  // unwrapped, seeded by the fixture; the default group
+    return fixtures::NestedWrappedModule::init(nullptr, FSDPInitMode::NO_FSDP, DEVICEInitMode::DEVICE_BEFORE, {},
+                                               /*deterministic=*/true);
+  if (m.type == "transformer_with_shared_params")
+    return fixtures::TransformerWithSharedParams::init(nullptr, FSDPInitMode::NO_FSDP, DEVICEInitMode::DEVICE_BEFORE,
+                                                       {}, /*deterministic=*/true);
   if (m.type == "mlp_stack") return std::make_shared<fixtures::MLPStack>(m.dim);
   if (m.type == "mlp_layers") {
     std::vector<nn::ModulePtr> layers;
@@ -115,7 +122,8 @@ struct Run {
   std::unique_ptr<pipelining::PipelineStage> stage;
   std::unique_ptr<pipelining::PipelineScheduleRuntime> schedule;
   std::shared_ptr<fsdp1::FullyShardedDataParallel> fsdp1_root;  // the root unit (recipe fsdp1)
-  fixtures::FSDPTestModel* test_model = nullptr;                // the model inside it (get_loss)
+  fixtures::FSDPTestModel* test_model =
+      nullptr;  // an FSDP1 test model (its inputs, get_loss)                // the model inside it (get_loss)
 };
 
 // ------------------------------------------------------------------ FSDP1 (recipe fsdp1)
@@ -313,6 +321,7 @@ std::unique_ptr<Run> build(const Scenario& sc, const TensorMap& inputs, const st
     for (auto& b : blocks(*model, sc.model.type)) nn::checkpoint(*b);
   }
   run->call = model.get();
+  if (kind == "none" && sc.model.is_fsdp1_fixture()) run->test_model = &fixtures::test_model_of(*model);
   if (kind == "ddp") {
     run->ddp = std::make_shared<ddp::DistributedDataParallel>(model, mesh->get_group());
     run->call = run->ddp.get();
@@ -391,7 +400,7 @@ at::Tensor local(const at::Tensor& t, const Run& run) { return at::chunk(t, run.
 // Forward + backward of every micro step; the rank's mean local loss, or none (pipeline ranks
 // without the last stage).
 std::optional<double> train_step(const Scenario& sc, Run& run, const TensorMap& inputs, int s) {
-  if (run.fsdp1_root) {  // the fixture's inputs for this rank and its loss
+  if (run.test_model) {  // the fixture's inputs for this rank and its loss
     nn::Tensors x;
     for (int i = 0;; ++i) {
       auto it = inputs.find(fmt::format("data.step{}.rank{}.input{}", s, run.dp_index, i));

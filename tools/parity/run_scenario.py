@@ -180,7 +180,7 @@ class Run:
         self.fsdp_root = None  # for set_requires_gradient_sync
         self.ddp = None
         self.fsdp1_root = None  # the root FullyShardedDataParallel (recipe fsdp1)
-        self.test_model = None  # the FSDPTestModel inside it (get_loss)
+        self.test_model = None  # the FSDP1 test model (its inputs, get_loss)
 
 
 def mesh_of(sc):
@@ -233,7 +233,7 @@ def build(sc, inputs, mesh):
     recipe, kind, mtype = sc["recipe"], sc["recipe"]["kind"], sc["model"]["type"]
     if kind == "fsdp1":
         return build_fsdp1(sc, inputs, mesh)
-    torch.manual_seed(sc["init_seed"])
+    torch.manual_seed(sc.get("init_seed", 0))  # (the FSDP1 test models seed themselves)
     model = build_model(sc["model"])
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -247,6 +247,8 @@ def build(sc, inputs, mesh):
             checkpoint(b)
     if kind == "none":
         run.call = model
+        if mtype in FSDP1_MODELS:  # an FSDP1 test model unwrapped: the reference for recipe fsdp1
+            run.test_model = model
     elif kind == "ddp":
         run.ddp = DDP(model, process_group=mesh.get_group())
         run.call = run.ddp
@@ -396,7 +398,7 @@ def train_step(sc, run, inputs, s):
     """Forward + backward of every micro step; the rank's mean local loss, or None (pipelining
     ranks without the last stage)."""
     recipe = sc["recipe"]
-    if run.fsdp1_root is not None:  # the fixture's inputs for this rank and its loss
+    if run.test_model is not None:  # the fixture's inputs for this rank and its loss
         rank = dist.get_rank()
         x, i = [], 0
         while f"data.step{s}.rank{rank}.input{i}" in inputs:

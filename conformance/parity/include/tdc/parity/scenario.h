@@ -28,7 +28,9 @@ struct ScenarioError : std::runtime_error {
 // the FSDP1 test models of common_fsdp, built as the FSDP1 tests build them (deterministic=True:
 // the fixture seeds its own weights; its get_input gives each rank its inputs, its get_loss the
 // loss): "nested_wrapped_module" (NestedWrappedModule), "transformer_with_shared_params"
-// (TransformerWithSharedParams, eval mode, dropout off). These take no other field.
+// (TransformerWithSharedParams, eval mode, dropout off). These take no other field, and go with
+// recipe fsdp1, or none (unwrapped on 1 rank: the reference that shows what the model's own
+// arithmetic contributes).
 struct ModelSpec {
   std::string type;
   int64_t dim = 0;
