@@ -3,6 +3,7 @@
 
 #include "../fsdp/storage.h"
 #include "common.h"
+#include "tdc/comm/argument_checks.h"
 #include "tdc/comm/collectives.h"
 #include "tdc/fsdp1/testing.h"
 
@@ -155,6 +156,8 @@ void FlatParamHandle::unshard() {
       } else {
         fsdp::alloc_storage(unsharded_);
       }
+      comm::ScopedArgumentChecks checks(!gather_checked_ && comm::argument_checks());
+      gather_checked_ = true;
       comm::all_gather_into_tensor(unsharded_, shard, config_.shard_pg);
     }
   }
@@ -255,6 +258,8 @@ void FlatParamHandle::reduce_and_accumulate(at::Tensor flat_grad) {
   }
   if (flat_grad.scalar_type() != reduce_dtype()) flat_grad = flat_grad.to(reduce_dtype());
   scale_if_needed(flat_grad, config_.predivide);
+  comm::ScopedArgumentChecks checks(!reduce_checked_ && comm::argument_checks());
+  reduce_checked_ = true;
   at::Tensor reduced;
   if (config_.sharded) {
     reduced = at::empty({shard_numel()}, flat_grad.options());

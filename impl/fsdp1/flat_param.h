@@ -138,6 +138,9 @@ class FlatParamHandle {
   int64_t gathered_version_ = -1;  // flat_param_'s version the unsharded vector was made from
   at::Tensor grad_accum_;          // no_sync: unsharded flat gradient
   HandleTrainingState state_ = HandleTrainingState::IDLE;
+  // [Note: FSDP's collectives skip the argument checks after the first] (fsdp/collectives.cpp):
+  // a flat vector's collectives have the same layout at every step.
+  bool gather_checked_ = false, reduce_checked_ = false;
 };
 
 }  // namespace tdc::fsdp1::detail
