@@ -168,7 +168,6 @@ void FlatParamHandle::unshard() {
 
 void FlatParamHandle::reshard() {
   if (!unsharded_valid_) return;
-  testing::detail::notify_before_reshard(*this);
   unsharded_valid_ = false;
   if (config_.sharded) {
     fsdp::free_storage(unsharded_);

@@ -93,7 +93,7 @@ class FlatParamHandle {
   // All-gathers the compute-dtype unsharded vector (no-op when it is current).
   void unshard();
   bool is_unsharded() const { return unsharded_valid_; }
-  // Frees the unsharded vector (sharded strategies; NO_SHARD keeps nothing to free).
+  // Frees the unsharded vector (sharded strategies; NO_SHARD drops its alias or low-precision copy).
   void reshard();
   // The full-precision padded flat vector, gathered fresh (summon_full_params, state dicts).
   at::Tensor gather_full_precision();

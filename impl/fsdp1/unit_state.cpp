@@ -196,7 +196,7 @@ nn::Tensors UnitState::post_forward(nn::Tensors outputs) {
     handle_->clear_substitutes();
     const bool reshard_after_forward = !is_root_ && (options_.sharding_strategy == ShardingStrategy::FULL_SHARD ||
                                                      options_.sharding_strategy == ShardingStrategy::HYBRID_SHARD);
-    if (reshard_after_forward) handle_->reshard();
+    reshard(reshard_after_forward && handle_->sharded());
     handle_->set_state(HandleTrainingState::IDLE, "post-forward", {HandleTrainingState::FORWARD});
   }
   if (at::GradMode::is_enabled()) {
@@ -251,7 +251,12 @@ void UnitState::post_backward(const std::vector<at::Tensor>& grads) {
   if (options_.backward_prefetch == BackwardPrefetch::BACKWARD_POST) prefetch(-1);
   const bool reshard_strategy = options_.sharding_strategy == ShardingStrategy::FULL_SHARD ||
                                 options_.sharding_strategy == ShardingStrategy::HYBRID_SHARD;
-  if (handle_->sharded() && (sync_gradients || reshard_strategy)) handle_->reshard();
+  reshard(handle_->sharded() && (sync_gradients || reshard_strategy));
+}
+
+void UnitState::reshard(bool free) {
+  testing::detail::notify_before_reshard(*handle_);
+  if (free) handle_->reshard();
 }
 
 // Forward (+1): the unit after this one in pre-forward order. Backward (-1): the unit before
@@ -279,7 +284,7 @@ void UnitState::root_end_of_backward() {
       auto* h = s->handle_.get();
       const bool keep = !s->sync_gradients && !(s->options_.sharding_strategy == ShardingStrategy::FULL_SHARD ||
                                                 s->options_.sharding_strategy == ShardingStrategy::HYBRID_SHARD);
-      if (!keep || !h->sharded()) h->reshard();
+      if ((!keep || !h->sharded()) && h->is_unsharded()) s->reshard(/*free=*/true);
       h->set_state(HandleTrainingState::IDLE, "end of backward",
                    {HandleTrainingState::IDLE, HandleTrainingState::BACKWARD_PRE, HandleTrainingState::BACKWARD_POST});
       h->ran_pre_backward = false;

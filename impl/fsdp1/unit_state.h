@@ -52,6 +52,9 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   void apply_unshard_node();
   void prefetch(int direction);  // +1: next in forward order, -1: the one whose backward is next
   void root_end_of_backward();
+  // PyTorch's _reshard(state, handle, free): the reshard step after forward and after backward,
+  // which frees the unsharded vector only when `free` (the before_reshard observer sees each step).
+  void reshard(bool free);
   void record_execution(std::vector<UnitState*> UnitState::*order);
 
   FSDPOptions options_;
