@@ -22,6 +22,7 @@ const char* const kFeatures[] = {"comm",
                                  "fsdp2.mixed_precision",
                                  "fsdp2.hsdp",
                                  "fsdp2.all_gather_extensions",
+                                 "fsdp1",
                                  "checkpoint",
                                  "pipelining",
                                  nullptr};
