@@ -30,6 +30,15 @@ nn::ModulePtr reference_copy(const nn::Module& model) {
   return ref;
 }
 
+void average_reference_grads(nn::Module& reference) {
+  auto group = world();
+  for (auto& p : reference.params()) {
+    if (!p.grad().defined()) continue;
+    comm::all_reduce(p.mutable_grad(), comm::ReduceOp::SUM, group);
+    p.mutable_grad().div_(group->size());
+  }
+}
+
 void sync_from_rank0(nn::Module& model) {
   auto group = world();
   at::NoGradGuard no_grad;

@@ -29,18 +29,11 @@ using fsdp1::ShardingStrategy;
 using harness::ctx;
 using ::testing::HasSubstr;
 
+using conformance::average_reference_grads;
 using conformance::error_of;
 using conformance::reference_copy;
 
 at::Generator gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
-
-void average_reference_grads(nn::Module& ref) {
-  for (auto& p : ref.params()) {
-    if (!p.grad().defined()) continue;
-    comm::all_reduce(p.mutable_grad(), comm::ReduceOp::SUM);
-    p.mutable_grad().div_(ctx().world_size);
-  }
-}
 
 // Sequential(Linear(5->7), Linear(7->3), Linear(3->5)): uneven sizes, so flat vectors pad.
 nn::ModulePtr make_mlp() {

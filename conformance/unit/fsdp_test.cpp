@@ -35,19 +35,11 @@ using tensor::Replicate;
 using tensor::Shard;
 using ::testing::HasSubstr;
 
+using conformance::average_reference_grads;
 using conformance::error_of;
 using conformance::reference_copy;
 
 at::Generator gen(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
-
-// Sum over the ranks, divided by the world size: the gradient FSDP computes.
-void average_reference_grads(nn::Module& ref) {
-  for (auto& p : ref.params()) {
-    if (!p.grad().defined()) continue;
-    comm::all_reduce(p.mutable_grad(), comm::ReduceOp::SUM);
-    p.mutable_grad().div_(ctx().world_size);
-  }
-}
 
 // MLPStack(mlp_dim) (uneven: 3x multiplier) or the Transformer (dropout 0).
 nn::ModulePtr make_model(const std::string& name) {

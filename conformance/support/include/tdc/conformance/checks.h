@@ -39,6 +39,10 @@ nn::ModulePtr reference_copy(const nn::Module& model);
 // model: a no-op when the ranks are processes, what makes the test launcher-independent otherwise.
 void sync_from_rank0(nn::Module& model);
 
+// The gradient data parallelism computes, on a replicated reference: every parameter's gradient
+// summed over the default group's ranks and divided by their number (parameters without one skipped).
+void average_reference_grads(nn::Module& reference);
+
 [[nodiscard]] ::testing::AssertionResult sharded_parity(nn::Module& reference, nn::Module& sharded);
 
 std::string error_of(const std::function<void()>& fn);
