@@ -12,6 +12,7 @@
 #include "tdc/comm/collectives.h"
 #include "tdc/conformance/checks.h"
 #include "tdc/conformance/support.h"
+#include "tdc/device_mesh.h"
 #include "tdc/fixtures/fsdp1_models.h"
 #include "tdc/fixtures/models.h"
 #include "tdc/fsdp1/fully_sharded_data_parallel.h"
@@ -92,6 +93,7 @@ struct GridCase {
   std::optional<fsdp1::BackwardPrefetch> prefetch;
   bool forward_prefetch;
   bool always_wrap;
+  std::optional<DeviceMesh> mesh = std::nullopt;
 };
 
 void parity_case(const GridCase& c) {
@@ -103,6 +105,7 @@ void parity_case(const GridCase& c) {
   o.backward_prefetch = c.prefetch;
   o.forward_prefetch = c.forward_prefetch;
   if (c.always_wrap) o.auto_wrap_policy = fsdp1::always_wrap_policy();
+  o.device_mesh = c.mesh;
   auto fsdp = FullyShardedDataParallel::make(model, o);
   EXPECT_EQ(FullyShardedDataParallel::fsdp_modules(*fsdp).size(), c.always_wrap ? 4u : 1u);
   train_and_compare(*fsdp, *ref, 3, fmt::format("{} orig={}", fsdp1::to_string(c.strategy), c.use_orig_params));
@@ -127,6 +130,69 @@ TDC_DIST_TEST(FSDP1Test, TrainParityWorld3, .world_size = 3, .timeout_s = 120) {
   conformance::world();
   parity_case({ShardingStrategy::FULL_SHARD, true, fsdp1::BackwardPrefetch::BACKWARD_PRE, true, true});
   parity_case({ShardingStrategy::SHARD_GRAD_OP, false, std::nullopt, false, true});
+}
+
+// HYBRID_SHARD / _HYBRID_SHARD_ZERO2 over a 2x2 mesh (replicate, shard), and a 1-D device_mesh.
+TDC_DIST_TEST(FSDP1Test, TrainParityHybridAndMesh, .world_size = 4, .timeout_s = 120) {
+  conformance::world();
+  DeviceMesh mesh2d = init_device_mesh("cpu", {2, 2}, {"replicate", "shard"});
+  for (auto s : {ShardingStrategy::HYBRID_SHARD, ShardingStrategy::_HYBRID_SHARD_ZERO2}) {
+    for (bool orig : {false, true}) {
+      parity_case({s, orig, fsdp1::BackwardPrefetch::BACKWARD_PRE, false, true, mesh2d});
+    }
+  }
+  parity_case({ShardingStrategy::FULL_SHARD, false, std::nullopt, true, true, init_device_mesh("cpu", {4})});
+}
+
+// Wrap policies other than always-wrap: which submodules become units.
+TDC_DIST_TEST(FSDP1Test, WrapPolicies, .world_size = 2) {
+  conformance::world();
+  // Linear(5->7) holds 42 parameters, Linear(7->3) 24, Linear(3->5) 20.
+  auto sized = FullyShardedDataParallel::make(make_mlp(), {.auto_wrap_policy = fsdp1::size_based_auto_wrap_policy(30)});
+  EXPECT_EQ(FullyShardedDataParallel::fsdp_modules(*sized).size(), 2u);
+  EXPECT_EQ(sized->flat_param_fqns(), (std::vector<std::string>{"1.weight", "1.bias", "2.weight", "2.bias"}));
+  auto custom = FullyShardedDataParallel::make(
+      make_mlp(), {.auto_wrap_policy = fsdp1::CustomPolicy([](nn::Module& m) { return m.type_name() == "Linear"; })});
+  EXPECT_EQ(FullyShardedDataParallel::fsdp_modules(*custom).size(), 4u);
+  EXPECT_TRUE(custom->flat_param_fqns().empty());  // the root owns no parameter of its own
+  EXPECT_EQ(FullyShardedDataParallel::fsdp_modules(*custom, /*root_only=*/true).size(), 1u);
+  // Manual nesting: wrap a child first, then the root.
+  auto model = make_mlp();
+  nn::ModulePtr child1 = model->named_children_tdc()[1].second;
+  model->replace_module("1", FullyShardedDataParallel::make(child1));
+  auto root = FullyShardedDataParallel::make(model);
+  EXPECT_EQ(FullyShardedDataParallel::fsdp_modules(*root).size(), 2u);
+  EXPECT_EQ(root->flat_param_fqns(), (std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"}));
+  (*root)(make_input(0)).sum().backward();
+  for (auto& p : root->params()) EXPECT_TRUE(p.grad().defined());
+}
+
+// ignored_modules stay ordinary parameters (not flattened, gradients not reduced);
+// sync_module_states makes every rank start from rank 0's values.
+TDC_DIST_TEST(FSDP1Test, IgnoredModulesAndSyncModuleStates, .world_size = 2) {
+  conformance::world();
+  auto model = make_mlp();
+  nn::Module* ignored = &model->child("1");
+  auto fsdp = FullyShardedDataParallel::make(model, {.ignored_modules = {ignored}});
+  EXPECT_EQ(fsdp->flat_param_fqns(), (std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"}));
+  const at::Tensor w = *ignored->find_param("weight");
+  EXPECT_EQ(w.sizes(), (std::vector<int64_t>{3, 7}));
+  (*fsdp)(make_input(0)).sum().backward();
+  ASSERT_TRUE(w.grad().defined());
+  auto full = fsdp->state_dict();
+  EXPECT_TRUE(full.contains("1.weight"));
+
+  auto perturbed = make_mlp();
+  if (ctx().rank == 1) {
+    at::NoGradGuard ng;
+    for (auto& p : perturbed->params()) p.add_(1.0);
+  }
+  auto synced = FullyShardedDataParallel::make(perturbed, {.sync_module_states = true});
+  for (auto& p : full_params(*synced)) {
+    at::Tensor rank0 = p.clone();
+    comm::broadcast(rank0, 0);
+    EXPECT_TRUE(at::equal(p, rank0));
+  }
 }
 
 TDC_DIST_TEST(FSDP1Test, ParametersAsTheOptimizerSeesThem, .world_size = 2) {
