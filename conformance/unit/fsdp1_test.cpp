@@ -264,6 +264,25 @@ TDC_DIST_TEST(FSDP1Test, SummonFullParamsWriteback, .world_size = 2) {
     at::Tensor y = (*fsdp)(at::ones({1, 5}));
     EXPECT_GT(y.abs().sum().item<float>(), 0.0f);
   }
+  // rank0_only: rank 0 sees full parameters, the others their shards; offload_to_cpu: CPU copies.
+  {
+    auto fsdp = FullyShardedDataParallel::make(make_mlp());
+    auto guard = fsdp1::summon_full_params(*fsdp, {.writeback = false, .rank0_only = true, .offload_to_cpu = true});
+    auto ps = fsdp->named_params();
+    if (ctx().rank == 0) {
+      ASSERT_EQ(ps.size(), 6u);
+      EXPECT_EQ(ps[0].second.sizes(), (std::vector<int64_t>{7, 5}));
+    } else {
+      ASSERT_EQ(ps.size(), 1u);
+      EXPECT_THAT(ps[0].first, HasSubstr("_flat_param"));
+    }
+    for (auto& [n, p] : ps) EXPECT_TRUE(p.device().is_cpu()) << n;
+  }
+  EXPECT_THAT(error_of([&] {
+                auto fsdp = FullyShardedDataParallel::make(make_mlp());
+                fsdp1::summon_full_params(*fsdp, {.writeback = true, .rank0_only = true});
+              }),
+              HasSubstr("writeback=true with rank0_only=true is not supported"));
   // with_grads: full gradients of use_orig_params units.
   auto model = make_mlp();
   auto ref = reference_copy(*model);
