@@ -386,7 +386,9 @@ TDC_DIST_TEST(FSDP1Test, MixedPrecision, .world_size = 2) {
     y.sum().backward();
     for (auto& p : fsdp->params()) {
       EXPECT_EQ(p.scalar_type(), at::kFloat);
-      if (p.numel()) EXPECT_EQ(p.grad().scalar_type(), at::kFloat);
+      if (p.numel()) {
+        EXPECT_EQ(p.grad().scalar_type(), at::kFloat);
+      }
     }
     // Full precision inside summon_full_params.
     auto g = fsdp1::summon_full_params(*fsdp);
