@@ -7,6 +7,7 @@
 #include <string>
 
 #include "tdc/comm/process_group.h"
+#include "lifecycle.h"
 #include "tdc/device_mesh.h"
 
 namespace tdc::fsdp {
@@ -60,12 +61,9 @@ void check_state(const std::string& who, const char* action, State now, std::ini
 
 template <class State>
 void check_state(const std::string& who, const char* action, State now, std::initializer_list<State> allowed) {
-  for (State s : allowed) {
-    if (s == now) return;
-  }
-  std::string expected;
-  for (State s : allowed) expected += (expected.empty() ? "" : " or ") + std::string(to_string(s));
-  throw_lifecycle_error(who, action, to_string(now), expected);
+  check_transition(now, allowed, [&](const std::string& state, const std::string& expected) {
+    throw_lifecycle_error(who, action, state, expected);
+  });
 }
 
 }  // namespace tdc::fsdp

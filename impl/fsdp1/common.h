@@ -4,6 +4,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "../fsdp/lifecycle.h"
 #include "tdc/fsdp1/fully_sharded_data_parallel.h"
 
 namespace tdc::fsdp1::detail {
@@ -21,12 +22,9 @@ std::string clean_fqn(const std::string& fqn);
                                         const std::string& expected);
 template <class State>
 void check_state(const std::string& who, const char* action, State now, std::initializer_list<State> allowed) {
-  for (State s : allowed) {
-    if (s == now) return;
-  }
-  std::string expected;
-  for (State s : allowed) expected += (expected.empty() ? "" : " or ") + std::string(to_string(s));
-  throw_lifecycle_error(who, action, to_string(now), expected);
+  fsdp::check_transition(now, allowed, [&](const std::string& state, const std::string& expected) {
+    throw_lifecycle_error(who, action, state, expected);
+  });
 }
 
 }  // namespace tdc::fsdp1::detail
