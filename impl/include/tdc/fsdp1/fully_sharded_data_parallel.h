@@ -39,6 +39,10 @@
 #include "tdc/fsdp1/wrap.h"
 #include "tdc/nn/module.h"
 
+namespace torch::optim {
+class Optimizer;
+}
+
 namespace tdc::fsdp1 {
 
 // FULL_SHARD: shard parameters, gradients, optimizer state; reshard after forward and backward.
@@ -172,13 +176,46 @@ class FullyShardedDataParallel : public nn::Module {
   // State dicts (PyTorch's state_dict_type context). FULL_STATE_DICT: full tensors, wrapper-free
   // FQNs; SHARDED_STATE_DICT: each parameter a DTensor Shard(0) over the unit's 1-D mesh;
   // LOCAL_STATE_DICT: "<unit>._flat_param" local shards. Buffers are full tensors in every type.
+  //
+  // [Note: FSDP1 sharded state-dict layout] (PyTorch's _create_chunk_dtensor / DTensorExtensions)
+  // A SHARDED_STATE_DICT entry is the parameter's global value as a DTensor:
+  //   1-D device_mesh or process_group:  (Shard(0)) over the unit's mesh;
+  //   2-D device_mesh (hybrid or not):   (Replicate(), Shard(0)) over it -- PyTorch chunks over the
+  //                                      last dim whatever group the unit shards over;
+  //   device_mesh a slice of a larger mesh (the DTensor extension, FSDP over TP): over the whole
+  //                                      mesh, Shard(0) on the slice's dim, the TP placement on the
+  //                                      TP dim (Replicate() for parameters TP left alone).
+  // Entries are copies: writing into them changes nothing until load_state_dict.
   class StateDictTypeGuard;
   static StateDictTypeGuard state_dict_type(nn::Module& module, StateDictType type);
+  // Sets the type of every unit in `module`'s tree until changed again (FSDP.set_state_dict_type).
+  static void set_state_dict_type(nn::Module& module, StateDictType type);
   StateDictType current_state_dict_type() const;
   checkpoint::StateDict state_dict();
   // Loads what state_dict() of the same type returned. Checks every key, dtype and shape first
   // (checkpoint::CheckpointError naming them) and changes nothing when one is wrong.
   void load_state_dict(const checkpoint::StateDict& state_dict, bool strict = true);
+
+  // PyTorch's `_fsdp_extension` is a DTensorExtensions: device_mesh is a slice of a larger mesh
+  // (mesh["dp"] of a ("dp", "tp") mesh), so the unit's parameters may be TP's local shards and its
+  // sharded state dicts are DTensors over the whole mesh. False for a process_group, a 1-D mesh
+  // made on its own and a 2-D mesh given whole.
+  bool uses_dtensor_extension() const;
+
+  // Optimizer state dicts keyed by the original parameters' FQNs, in tdc::checkpoint's form
+  // ("state.<fqn>.<name>", "state.<fqn>.step", "param_groups" JSON). `optim` must step this tree's
+  // params() (flat parameters or original views); Adam, AdamW, SGD. Collective over every unit's group.
+  //   optim_state_dict: by `model`'s state_dict_type: FULL -> full tensors on every rank,
+  //     SHARDED -> DTensors laid out as the parameters' sharded entries (LOCAL: std::invalid_argument).
+  //   sharded_optim_state_dict: always the SHARDED form (FSDP.sharded_optim_state_dict).
+  //   load_optim_state_dict: FSDP.optim_state_dict_to_load + optim.load_state_dict in one: any of
+  //     those forms (DTensors on any mesh are gathered); checks every key, shape and group first
+  //     (checkpoint::CheckpointError naming them) and changes nothing when one is wrong.
+  static checkpoint::StateDict optim_state_dict(FullyShardedDataParallel& model, torch::optim::Optimizer& optim);
+  static checkpoint::StateDict sharded_optim_state_dict(FullyShardedDataParallel& model,
+                                                        torch::optim::Optimizer& optim);
+  static void load_optim_state_dict(FullyShardedDataParallel& model, torch::optim::Optimizer& optim,
+                                    const checkpoint::StateDict& optim_state_dict);
 
   // Internal: the runtime behind the wrapper.
   UnitState& unit() const { return *unit_; }
