@@ -1,7 +1,7 @@
 // Conformance: PyTorch's test/distributed/checkpoint/fsdp/test_fsdp_dsd.py,
-// class TestFullyShardWithDistributedStateDict. Same method names, same assertions.
-// Implemented: the four FSDP2 / TP methods. test_save_with_fsdp1_and_load_with_fsdp2 and
-// test_save_with_fsdp1_and_load_with_fsdp2_tp wait for FSDP1 (tdc::fsdp1).
+// class TestFullyShardWithDistributedStateDict. Same method names, same assertions. All six
+// methods: the four FSDP2 / TP ones and the two that save from FSDP1 (tdc::fsdp1) and load into
+// FSDP2 (+ TP).
 //
 // Launch: FSDPTest (a fresh process per rank: the fork launcher), world size min(4, #devices) in
 // PyTorch; here 4 on any device (2 for the 1-D methods would do; 4 is what PyTorch runs with 4
@@ -14,6 +14,10 @@
 //    set_model_state_dict / set_optimizer_state_dict: LibTorch's optimizer keeps Adam's step as an
 //    integer outside the state dict ([Note: LibTorch's optimizer step is an integer]).
 //  * dcp.save / dcp.load(checkpoint_id=dir) write and read tdc's safetensors checkpoints.
+//  * with_temp_dir on the inner function of a subtest grid: a directory of its own per subtest,
+//    under the test's temp dir.
+//  * FSDP1's `FSDP.state_dict_type(model, type)` context is the guard
+//    FullyShardedDataParallel::state_dict_type returns.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/optim/adamw.h>
@@ -26,6 +30,8 @@
 #include "tdc/device_mesh.h"
 #include "tdc/fixtures/models.h"
 #include "tdc/fsdp/fully_shard.h"
+#include "tdc/fsdp1/fully_sharded_data_parallel.h"
+#include "tdc/fsdp1/wrap.h"
 #include "tdc/harness/harness.h"
 #include "tdc/harness/subtests.h"
 #include "tdc/nn/layers.h"
@@ -39,6 +45,7 @@ using checkpoint::StateDictOptions;
 using conformance::state_dicts_equal;
 using harness::Axis;
 using harness::ctx;
+using FSDP = fsdp1::FullyShardedDataParallel;
 
 constexpr int kWorld = 4;  // min(4, #devices) with 4 devices
 
@@ -89,6 +96,28 @@ void dcp_save(const std::vector<std::pair<std::string, StateDict>>& parts, const
   StateDict sd;
   for (const auto& [name, part] : parts) sd.merge(part.with_prefix(name));
   checkpoint::save(sd, dir);
+}
+
+// FSDP(model, device_mesh=..., use_orig_params=True, auto_wrap_policy=always_wrap_policy).
+std::shared_ptr<FSDP> fsdp1_always_wrap(nn::ModulePtr model, const std::optional<DeviceMesh>& device_mesh = {}) {
+  fsdp1::FSDPOptions options;
+  options.device_mesh = device_mesh;
+  options.use_orig_params = true;
+  options.auto_wrap_policy = fsdp1::always_wrap_policy();
+  return FSDP::make(std::move(model), options);
+}
+
+// dcp.load({model_key: get_model_state_dict(model), optim_key: get_optimizer_state_dict(model,
+// optim)}, checkpoint_id=dir) (only those keys), then model.load_state_dict / optim.load_state_dict
+// (set_model_state_dict / set_optimizer_state_dict, see the header).
+void load_from(nn::Module& model, torch::optim::Optimizer& optim, const std::string& dir, const std::string& model_key,
+               const std::string& optim_key) {
+  auto [msd, osd] = checkpoint::get_state_dict(model, optim);
+  StateDict state_dict = msd.with_prefix(model_key);
+  state_dict.merge(osd.with_prefix(optim_key));
+  checkpoint::load(state_dict, dir);
+  checkpoint::set_model_state_dict(model, state_dict.sub(model_key));
+  checkpoint::set_optimizer_state_dict(model, optim, state_dict.sub(optim_key));
 }
 
 // ---------------------------------------------------------------- test_1d_fsdp_get_model_state_dict
@@ -145,6 +174,95 @@ TDC_DIST_TEST(TestFullyShardWithDistributedStateDict, test_1d_fsdp_cpu_offload_f
   }
 }
 
+// ---------------------------------------------------------------- test_save_with_fsdp1_and_load_with_fsdp2
+
+void _test_save_with_fsdp1_and_load_with_fsdp2(const std::string& state_dict_type) {
+  const std::string temp_dir = ctx().temp_dir.string() + "/" + state_dict_type;
+  const fsdp1::StateDictType type = state_dict_type == "FULL_STATE_DICT" ? fsdp1::StateDictType::FULL_STATE_DICT
+                                                                         : fsdp1::StateDictType::SHARDED_STATE_DICT;
+  // Save state dict with model wrapped with FSDP1.
+  nn::ModulePtr base_model = _get_base_model();
+  base_model->to(fixtures::device());
+  auto fsdp1_model = fsdp1_always_wrap(base_model);
+  torch::optim::AdamW fsdp1_optim(fsdp1_model->params(), torch::optim::AdamWOptions(0.1));
+  train_step(*fsdp1_model, fsdp1_optim, at::randn({2}).to(fixtures::device()));
+  {
+    auto guard = FSDP::state_dict_type(*fsdp1_model, type);
+    dcp_save(
+        {{"model", fsdp1_model->state_dict()}, {"optim", FSDP::sharded_optim_state_dict(*fsdp1_model, fsdp1_optim)}},
+        temp_dir);
+  }
+  auto [fsdp1_full_msd, fsdp1_full_osd] = checkpoint::get_state_dict(*fsdp1_model, fsdp1_optim, kFullOffload);
+
+  // Load state dict into model with FSDP2 applied.
+  nn::ModulePtr fsdp2_model = _get_base_model();
+  shard_children_and_root(*fsdp2_model);
+  torch::optim::AdamW fsdp2_optim(fsdp2_model->params(), torch::optim::AdamWOptions(0.1));
+  load_from(*fsdp2_model, fsdp2_optim, temp_dir, "model", "optim");
+  auto [fsdp2_full_msd, fsdp2_full_osd] = checkpoint::get_state_dict(*fsdp2_model, fsdp2_optim, kFullOffload);
+
+  // Compare full state dict to make sure they are the same.
+  ASSERT_TRUE(state_dicts_equal(fsdp2_full_msd, fsdp1_full_msd));
+  ASSERT_TRUE(state_dicts_equal(fsdp1_full_osd, fsdp2_full_osd));
+}
+
+TDC_DIST_TEST(TestFullyShardWithDistributedStateDict, test_save_with_fsdp1_and_load_with_fsdp2, .world_size = kWorld,
+              .timeout_s = 120) {
+  TDC_REQUIRE_CAPABILITY("fsdp1");
+  TDC_REQUIRE_CAPABILITY("fsdp2");
+  TDC_REQUIRE_CAPABILITY("checkpoint");
+  conformance::world();
+  harness::subtests(Axis<std::string>("state_dict_type", {"FULL_STATE_DICT", "SHARDED_STATE_DICT"}),
+                    _test_save_with_fsdp1_and_load_with_fsdp2);
+}
+
+// ---------------------------------------------------------------- test_save_with_fsdp1_and_load_with_fsdp2_tp
+
+// FSDP1 given the whole 2-D mesh and no hybrid strategy shards over mesh dim 0, as PyTorch (Part
+// F.11; fully_sharded_data_parallel.h, [Note: FSDP1 sharded state-dict layout]).
+TDC_DIST_TEST(TestFullyShardWithDistributedStateDict, test_save_with_fsdp1_and_load_with_fsdp2_tp, .world_size = kWorld,
+              .timeout_s = 120) {
+  TDC_REQUIRE_CAPABILITY("fsdp1");
+  TDC_REQUIRE_CAPABILITY("fsdp2");
+  TDC_REQUIRE_CAPABILITY("tp");
+  TDC_REQUIRE_CAPABILITY("checkpoint");
+  conformance::world();
+  const std::string temp_dir = ctx().temp_dir.string() + "/ckpt";
+  DeviceMesh global_mesh = init_device_mesh(fixtures::device_type(), {2, ctx().world_size / 2}, {"dp", "tp"});
+  DeviceMesh dp_mesh = global_mesh["dp"], tp_mesh = global_mesh["tp"];
+
+  // The original model and FSDP1 over a copy of it, one step each.
+  nn::ModulePtr base_model = mlp_x3(2);
+  base_model->to(fixtures::device());
+  torch::optim::AdamW base_optim(base_model->params(), torch::optim::AdamWOptions(0.1));
+  auto fsdp1_model = fsdp1_always_wrap(base_model->deep_copy(), global_mesh);
+  torch::optim::AdamW fsdp1_optim(fsdp1_model->params(), torch::optim::AdamWOptions(0.1));
+  const at::Tensor inp = at::randn({2}).to(fixtures::device());
+  train_step(*base_model, base_optim, inp);
+  train_step(*fsdp1_model, fsdp1_optim, inp);
+
+  auto [base_msd, base_osd] = checkpoint::get_state_dict(*base_model, base_optim, kFullOffload);
+  auto [fsdp1_msd, fsdp1_osd] = checkpoint::get_state_dict(*fsdp1_model, fsdp1_optim, {.full_state_dict = false});
+  dcp_save(
+      {{"model_full", base_msd}, {"optim_full", base_osd}, {"model_sharded", fsdp1_msd}, {"optim_sharded", fsdp1_osd}},
+      temp_dir);
+
+  // FSDP2 + TP on the 2-D mesh, loaded from each source in turn.
+  nn::ModulePtr fsdp2_tp_model = mlp_x3(2);
+  fsdp2_tp_model->to(fixtures::device());
+  tp::parallelize_module(*fsdp2_tp_model, tp_mesh, mlp_tp_plan());
+  shard_children_and_root(*fsdp2_tp_model, {.mesh = dp_mesh});
+  torch::optim::AdamW fsdp2_tp_optim(fsdp2_tp_model->params(), torch::optim::AdamWOptions(0.1));
+  for (const std::string src : {"full", "sharded"}) {
+    SCOPED_TRACE("src_state_dict_type=" + src);
+    load_from(*fsdp2_tp_model, fsdp2_tp_optim, temp_dir, "model_" + src, "optim_" + src);
+    auto [fsdp2_tp_full_msd, fsdp2_tp_full_osd] =
+        checkpoint::get_state_dict(*fsdp2_tp_model, fsdp2_tp_optim, kFullOffload);
+    ASSERT_TRUE(state_dicts_equal(base_msd, fsdp2_tp_full_msd));
+    ASSERT_TRUE(state_dicts_equal(base_osd, fsdp2_tp_full_osd));
+  }
+}
+
 // ---------------------------------------------------------------- test_save_with_tp_and_load_with_fsdp2_tp
 
 TDC_DIST_TEST(TestFullyShardWithDistributedStateDict, test_save_with_tp_and_load_with_fsdp2_tp, .world_size = kWorld,
@@ -183,12 +301,7 @@ TDC_DIST_TEST(TestFullyShardWithDistributedStateDict, test_save_with_tp_and_load
     tp::parallelize_module(*fsdp2_tp_model, global_mesh_2d["tp"], tp_parallelize_plan);
     shard_children_and_root(*fsdp2_tp_model, {.mesh = global_mesh_2d["dp"]});
     torch::optim::AdamW fsdp2_tp_optim(fsdp2_tp_model->params(), torch::optim::AdamWOptions(0.1));
-    auto [msd, osd] = checkpoint::get_state_dict(*fsdp2_tp_model, fsdp2_tp_optim);
-    StateDict state_dict = msd.with_prefix(msd_name);
-    state_dict.merge(osd.with_prefix(osd_name));
-    checkpoint::load(state_dict, temp_dir + "/ckpt");
-    checkpoint::set_model_state_dict(*fsdp2_tp_model, state_dict.sub(msd_name));
-    checkpoint::set_optimizer_state_dict(*fsdp2_tp_model, fsdp2_tp_optim, state_dict.sub(osd_name));
+    load_from(*fsdp2_tp_model, fsdp2_tp_optim, temp_dir + "/ckpt", msd_name, osd_name);
     auto [fsdp2_tp_full_msd, fsdp2_tp_full_osd] =
         checkpoint::get_state_dict(*fsdp2_tp_model, fsdp2_tp_optim, kFullOffload);
     ASSERT_TRUE(state_dicts_equal(base_msd, fsdp2_tp_full_msd));
@@ -236,12 +349,7 @@ void _test_save_with_fsdp2_tp_and_load_with_tp(bool allow_implicit_replication) 
     tp_model->to(fixtures::device());
     tp::parallelize_module(*tp_model, global_mesh_1d, tp_parallelize_plan);
     torch::optim::AdamW tp_optim(tp_model->params(), torch::optim::AdamWOptions(0.1));
-    auto [tp_msd, tp_osd] = checkpoint::get_state_dict(*tp_model, tp_optim);
-    StateDict state_dict = tp_msd.with_prefix("model");
-    state_dict.merge(tp_osd.with_prefix("optim"));
-    checkpoint::load(state_dict, temp_dir);
-    checkpoint::set_model_state_dict(*tp_model, state_dict.sub("model"));
-    checkpoint::set_optimizer_state_dict(*tp_model, tp_optim, state_dict.sub("optim"));
+    load_from(*tp_model, tp_optim, temp_dir, "model", "optim");
     auto [tp_full_msd, tp_full_osd] = checkpoint::get_state_dict(*tp_model, tp_optim, kFullOffload);
 
     // Compare the base model with the TP model, and FSDP2 + TP with TP.
