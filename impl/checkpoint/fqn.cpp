@@ -4,13 +4,32 @@
 #include <sstream>
 #include <vector>
 
+#include <stdexcept>
+
+#include <fmt/format.h>
+
 #include "tdc/ddp/ddp.h"
+#include "tdc/fsdp1/fully_sharded_data_parallel.h"
 
 namespace tdc::checkpoint::detail {
 
 std::string wrapper_child(const nn::Module& module) {
   if (dynamic_cast<const ddp::DistributedDataParallel*>(&module)) return "module";
+  if (dynamic_cast<const fsdp1::FullyShardedDataParallel*>(&module)) return "_fsdp_wrapped_module";
   return "";
+}
+
+fsdp1::FullyShardedDataParallel* fsdp1_root(nn::Module& model) {
+  if (auto* root = dynamic_cast<fsdp1::FullyShardedDataParallel*>(&model)) return root;
+  for (const auto& [fqn, m] : model.named_modules_tdc()) {
+    if (dynamic_cast<fsdp1::FullyShardedDataParallel*>(m)) {
+      throw std::invalid_argument(fmt::format(
+          "tdc::checkpoint: {} is not an FSDP1 wrapper but holds one at '{}'; state dicts of FSDP1 models need the "
+          "root wrapped too (FullyShardedDataParallel::make on the whole model)",
+          model.type_name(), fqn));
+    }
+  }
+  return nullptr;
 }
 
 std::string clean_fqn(nn::Module& root, const std::string& fqn) {

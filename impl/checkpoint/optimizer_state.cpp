@@ -22,6 +22,8 @@
 #include <torch/optim/sgd.h>
 
 #include "assign.h"
+#include "optimizer_access.h"
+#include "../fsdp1/optim_state.h"
 #include "common.h"
 #include "fqn.h"
 #include "tdc/checkpoint/errors.h"
@@ -41,20 +43,35 @@ OptimKind kind_of(torch::optim::Optimizer& optim) {
       "tdc::checkpoint: optimizer state dicts support LibTorch's Adam, AdamW and SGD; this optimizer is none of them");
 }
 
-// The optimizer's parameters with their FQNs and layouts.
+// The optimizer's parameters with the FQNs they stand for (several for an FSDP1 flat parameter)
+// and their layouts.
 struct OptimParam {
   at::Tensor param;
-  std::string fqn;
+  std::vector<std::string> fqns;
   std::optional<tensor::DTensorSpec> spec;
   size_t group = 0;
 };
 
-std::vector<OptimParam> optim_params(nn::Module& model, torch::optim::Optimizer& optim, bool ignore_frozen) {
-  std::map<const void*, std::pair<std::string, std::optional<tensor::DTensorSpec>>> known;
+// Tensor -> (FQNs, layout) for every parameter the model's optimizer may step.
+using KnownParams = std::map<const void*, std::pair<std::vector<std::string>, std::optional<tensor::DTensorSpec>>>;
+
+KnownParams known_params(nn::Module& model) {
+  KnownParams known;
+  if (auto* root = detail::fsdp1_root(model)) {
+    for (auto& op : fsdp1::detail::optimizer_params(*root)) {
+      known[op.param.unsafeGetTensorImpl()] = {std::move(op.fqns), std::nullopt};
+    }
+    return known;
+  }
   for (const auto& p : tensor::named_params_with_specs(model)) {
-    known[p.tensor.unsafeGetTensorImpl()] = {detail::clean_fqn(model, p.fqn),
+    known[p.tensor.unsafeGetTensorImpl()] = {{detail::clean_fqn(model, p.fqn)},
                                              p.dtensor ? std::optional(p.dtensor->spec()) : std::nullopt};
   }
+  return known;
+}
+
+std::vector<OptimParam> optim_params(nn::Module& model, torch::optim::Optimizer& optim, bool ignore_frozen) {
+  const KnownParams known = known_params(model);
   std::vector<OptimParam> out;
   for (size_t g = 0; g < optim.param_groups().size(); ++g) {
     const auto& params = optim.param_groups()[g].params();
@@ -95,11 +112,7 @@ void init_optim_state(torch::optim::Optimizer& optim) {
   optim.zero_grad(true);
 }
 
-// The per-parameter state as named tensors (step as an int in `step`).
-struct ParamState {
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  std::optional<int64_t> step;
-};
+using detail::ParamState;
 
 template <class S>
 ParamState adam_like(S& s) {
@@ -202,31 +215,63 @@ std::function<void()> apply_group(torch::optim::OptimizerOptions& o, OptimKind k
   return [&o, apply] { apply(static_cast<torch::optim::AdamWOptions&>(o)); };
 }
 
+// "state.<fqn>.<name>" entries of a plain, DDP, TP or FSDP2 model: the optimizer's own tensors.
+void add_param_state(StateDict& out, torch::optim::Optimizer& optim, OptimKind kind, const OptimParam& op) {
+  auto st = state_of(optim, kind, op.param);
+  if (!st) return;
+  const std::string prefix = "state." + op.fqns.front() + ".";
+  if (st->step) out.set(prefix + "step", at::scalar_tensor(static_cast<double>(*st->step), at::kFloat));
+  for (const auto& [name, t] : st->tensors) {
+    if (!t.defined()) continue;
+    if (op.spec) {
+      out.set(prefix + name, tensor::DTensor(t, *op.spec));
+    } else {
+      out.set(prefix + name, t);
+    }
+  }
+}
+
+// The same for an FSDP1 model: copies laid out as the parameters' sharded entries
+// ([Note: FSDP1 sharded state-dict layout]); the step of each original parameter is its flat
+// parameter's.
+void add_fsdp1_state(StateDict& out, fsdp1::FullyShardedDataParallel& root, torch::optim::Optimizer& optim,
+                     OptimKind kind, const std::vector<OptimParam>& params) {
+  std::map<std::string, const OptimParam*> by_fqn;
+  for (const auto& op : params) {
+    for (const auto& f : op.fqns) by_fqn[f] = &op;
+  }
+  std::set<std::string> done;
+  for (auto& e : fsdp1::detail::optimizer_state_entries(root, optim)) {
+    auto it = by_fqn.find(e.fqn);
+    if (it == by_fqn.end()) continue;  // not in this optimizer (or frozen and ignored)
+    auto st = state_of(optim, kind, it->second->param);
+    const std::string prefix = "state." + e.fqn + ".";
+    if (st && st->step) out.set(prefix + "step", at::scalar_tensor(static_cast<double>(*st->step), at::kFloat));
+    for (auto& [name, v] : e.tensors) out.set(prefix + name, std::move(v));
+    done.insert(e.fqn);
+  }
+  for (const auto& op : params) {  // parameters FSDP does not manage
+    if (!done.count(op.fqns.front())) add_param_state(out, optim, kind, op);
+  }
+}
+
 StateDict sharded_optim_state(nn::Module& model, torch::optim::Optimizer& optim, bool ignore_frozen) {
   const OptimKind kind = kind_of(optim);
   init_optim_state(optim);
   StateDict out;
   const auto params = optim_params(model, optim, ignore_frozen);
-  for (const auto& op : params) {
-    auto st = state_of(optim, kind, op.param);
-    if (!st) continue;
-    const std::string prefix = "state." + op.fqn + ".";
-    if (st->step) out.set(prefix + "step", at::scalar_tensor(static_cast<double>(*st->step), at::kFloat));
-    for (const auto& [name, t] : st->tensors) {
-      if (!t.defined()) continue;
-      if (op.spec) {
-        out.set(prefix + name, tensor::DTensor(t, *op.spec));
-      } else {
-        out.set(prefix + name, t);
-      }
-    }
+  if (auto* root = detail::fsdp1_root(model)) {
+    add_fsdp1_state(out, *root, optim, kind, params);
+  } else {
+    for (const auto& op : params) add_param_state(out, optim, kind, op);
   }
   nlohmann::json groups = nlohmann::json::array();
   for (size_t g = 0; g < optim.param_groups().size(); ++g) {
     nlohmann::json j = group_json(optim.param_groups()[g].options(), kind);
     j["params"] = nlohmann::json::array();
     for (const auto& op : params) {
-      if (op.group == g) j["params"].push_back(op.fqn);
+      if (op.group != g) continue;
+      for (const auto& f : op.fqns) j["params"].push_back(f);
     }
     groups.push_back(std::move(j));
   }
@@ -235,6 +280,14 @@ StateDict sharded_optim_state(nn::Module& model, torch::optim::Optimizer& optim,
 }
 
 }  // namespace
+
+namespace detail {
+
+std::optional<ParamState> optimizer_param_state(torch::optim::Optimizer& optim, const at::Tensor& param) {
+  return state_of(optim, kind_of(optim), param);
+}
+
+}  // namespace detail
 
 StateDict get_optimizer_state_dict(nn::Module& model, torch::optim::Optimizer& optim, const StateDictOptions& options) {
   StateDict sharded = sharded_optim_state(model, optim, options.ignore_frozen_params);
@@ -297,12 +350,17 @@ std::function<void()> stage_optimizer(nn::Module& model, torch::optim::Optimizer
   }
   auto assignments = stage("set_optimizer_state_dict", targets, given, options);
   const auto params = optim_params(model, optim, options.ignore_frozen_params);
-  return [assignments = std::move(assignments), targets, params, group_updates, kind, &optim] {
+  fsdp1::FullyShardedDataParallel* fsdp1_model = fsdp1_root(model);
+  return [assignments = std::move(assignments), targets, params, group_updates, kind, &optim, fsdp1_model] {
     commit(assignments);
+    // FSDP1: the targets were copies; now into the flat parameters' state (collective).
+    if (fsdp1_model) fsdp1::detail::write_optimizer_state_entries(*fsdp1_model, optim, targets);
     for (const auto& op : params) {
-      const std::string key = "state." + op.fqn + ".step";
-      if (targets.contains(key)) {
+      for (const auto& fqn : op.fqns) {
+        const std::string key = "state." + fqn + ".step";
+        if (!targets.contains(key)) continue;
         set_step(optim, kind, op.param, std::llround(as_tensor(targets, key).item<double>()));
+        break;
       }
     }
     for (const auto& update : group_updates) update();

@@ -11,6 +11,7 @@
 #include "common.h"
 #include "fqn.h"
 #include "tdc/checkpoint/errors.h"
+#include "tdc/fsdp1/fully_sharded_data_parallel.h"
 #include "tdc/tensor/module_params.h"
 
 namespace tdc::checkpoint {
@@ -143,16 +144,46 @@ StateDict model_entries(nn::Module& model, bool pytorch_fqns, bool ignore_frozen
 
 }  // namespace
 
-StateDict module_state_dict(nn::Module& model) { return model_entries(model, false, false); }
+StateDict module_state_dict(nn::Module& model) {
+  if (auto* root = detail::fsdp1_root(model)) return root->state_dict();  // under its state_dict_type
+  return model_entries(model, false, false);
+}
+
+namespace {
+
+// The model's entries in the sharded form, as the live tensors (FSDP1: copies, see model_writeback).
+StateDict sharded_model_entries(nn::Module& model, bool ignore_frozen) {
+  auto* root = detail::fsdp1_root(model);
+  if (!root) return model_entries(model, true, ignore_frozen);
+  auto guard = fsdp1::FullyShardedDataParallel::state_dict_type(*root, fsdp1::StateDictType::SHARDED_STATE_DICT);
+  StateDict sd = root->state_dict();
+  if (ignore_frozen) {
+    for (const auto& [fqn, p] : model.named_params()) {  // FSDP1 keeps requires_grad on the originals
+      if (!p.requires_grad()) sd.erase(detail::clean_fqn(model, fqn));
+    }
+  }
+  return sd;
+}
+
+// After commit: FSDP1's entries were copies, loaded now (collective). Others were written in place.
+void model_writeback(nn::Module& model, const StateDict& targets) {
+  auto* root = detail::fsdp1_root(model);
+  if (!root) return;
+  auto guard = fsdp1::FullyShardedDataParallel::state_dict_type(*root, fsdp1::StateDictType::SHARDED_STATE_DICT);
+  root->load_state_dict(targets, /*strict=*/false);
+}
+
+}  // namespace
 
 StateDict get_model_state_dict(nn::Module& model, const StateDictOptions& options) {
-  StateDict sharded = model_entries(model, true, options.ignore_frozen_params);
+  StateDict sharded = sharded_model_entries(model, options.ignore_frozen_params);
   return options.full_state_dict ? detail::to_full(sharded, options) : sharded;
 }
 
 void set_model_state_dict(nn::Module& model, const StateDict& state_dict, const StateDictOptions& options) {
-  StateDict targets = model_entries(model, true, options.ignore_frozen_params);
+  StateDict targets = sharded_model_entries(model, options.ignore_frozen_params);
   detail::commit(detail::stage("set_model_state_dict", targets, state_dict, options));
+  model_writeback(model, targets);
 }
 
 std::pair<StateDict, StateDict> get_state_dict(nn::Module& model, torch::optim::Optimizer& optim,
@@ -162,10 +193,11 @@ std::pair<StateDict, StateDict> get_state_dict(nn::Module& model, torch::optim::
 
 void set_state_dict(nn::Module& model, torch::optim::Optimizer& optim, const StateDict& model_state_dict,
                     const StateDict& optim_state_dict, const StateDictOptions& options) {
-  auto model_assignments = detail::stage("set_state_dict", model_entries(model, true, options.ignore_frozen_params),
-                                         model_state_dict, options);
+  StateDict targets = sharded_model_entries(model, options.ignore_frozen_params);
+  auto model_assignments = detail::stage("set_state_dict", targets, model_state_dict, options);
   auto commit_optim = detail::stage_optimizer(model, optim, optim_state_dict, options);
   detail::commit(model_assignments);
+  model_writeback(model, targets);
   commit_optim();
 }
 

@@ -88,5 +88,17 @@ void throw_lifecycle_error(const std::string& who, const char* action, const std
   throw std::logic_error(fmt::format("FSDP unit {}: {} while {}; it needs {}", who, action, now, expected));
 }
 
+std::string join_fqn(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+
+std::vector<std::pair<std::string, FullyShardedDataParallel*>> named_units(nn::Module& root) {
+  std::vector<std::pair<std::string, FullyShardedDataParallel*>> out;
+  for (auto& [fqn, m] : root.named_modules_tdc()) {
+    if (auto* u = dynamic_cast<FullyShardedDataParallel*>(m)) out.emplace_back(clean_fqn(fqn), u);
+  }
+  return out;
+}
+
 }  // namespace detail
 }  // namespace tdc::fsdp1

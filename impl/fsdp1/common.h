@@ -3,6 +3,8 @@
 
 #include <initializer_list>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "../fsdp/lifecycle.h"
 #include "tdc/fsdp1/fully_sharded_data_parallel.h"
@@ -16,6 +18,11 @@ inline constexpr const char* kWrappedModuleName = "_fsdp_wrapped_module";
 
 // `fqn` without the FSDP wrapper segments ("_fsdp_wrapped_module."), as PyTorch's state dicts.
 std::string clean_fqn(const std::string& fqn);
+
+// Every FSDP unit of `root`'s tree, pre-order, with its FQN (wrapper segments removed).
+std::vector<std::pair<std::string, FullyShardedDataParallel*>> named_units(nn::Module& root);
+// "<prefix>.<name>", or `name` when the prefix is empty.
+std::string join_fqn(const std::string& prefix, const std::string& name);
 
 // Throws std::logic_error "FSDP unit <who>: <action> while <state>; it needs <expected>".
 [[noreturn]] void throw_lifecycle_error(const std::string& who, const char* action, const std::string& now,

@@ -61,14 +61,13 @@ FlatParamHandle::FlatParamHandle(std::vector<ParamSlot> slots, std::vector<Share
 // This rank's part of each slot within the shard (possibly empty); NO_SHARD: the whole slot.
 void FlatParamHandle::make_orig_views() {
   orig_.clear();
-  const int64_t shard_numel = flat_param_.numel();
-  for (const auto& s : slots_) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const ParamSlot& s = slots_[i];
     at::Tensor v;
     if (!config_.sharded) {
       v = detached_view(flat_param_, s.offset, s.numel, s.shape);
     } else {
-      const int64_t lo = std::clamp(s.offset - shard_offset_, int64_t{0}, shard_numel);
-      const int64_t hi = std::clamp(s.offset + s.numel - shard_offset_, int64_t{0}, shard_numel);
+      const auto [lo, hi] = slot_range_in_shard(i);
       v = flat_param_.detach().narrow(0, lo, hi - lo).detach();
     }
     orig_.push_back(v.requires_grad_(s.requires_grad));
@@ -176,13 +175,23 @@ void FlatParamHandle::reshard() {
   }
 }
 
-at::Tensor FlatParamHandle::gather_full_precision() {
+at::Tensor FlatParamHandle::gather_full_precision() { return gather_shard_shaped(flat_param_); }
+
+at::Tensor FlatParamHandle::gather_shard_shaped(const at::Tensor& shard) const {
   at::NoGradGuard no_grad;
-  at::Tensor shard = flat_param_.detach();
-  if (!config_.sharded) return shard;  // the views write straight through
-  at::Tensor full = at::empty({padded_numel_}, shard.options());
-  comm::all_gather_into_tensor(full, shard, config_.shard_pg);
+  at::Tensor local = shard.detach();
+  if (!config_.sharded) return local;  // NO_SHARD: already whole (the parameter's views write through)
+  at::Tensor full = at::empty({padded_numel_}, local.options());
+  comm::all_gather_into_tensor(full, local.contiguous(), config_.shard_pg);
   return full;
+}
+
+std::pair<int64_t, int64_t> FlatParamHandle::slot_range_in_shard(size_t i) const {
+  const ParamSlot& s = slots_.at(i);
+  if (!config_.sharded) return {s.offset, s.offset + s.numel};
+  const int64_t shard_numel = flat_param_.numel();
+  return {std::clamp(s.offset - shard_offset_, int64_t{0}, shard_numel),
+          std::clamp(s.offset + s.numel - shard_offset_, int64_t{0}, shard_numel)};
 }
 
 void FlatParamHandle::write_back(const at::Tensor& full) {
@@ -198,12 +207,7 @@ void FlatParamHandle::write_back(const at::Tensor& full) {
 at::Tensor FlatParamHandle::gather_full_grad() {
   at::Tensor g = sharded_grad();
   // Collective: every rank takes part even when its own gradient is missing (zeros then).
-  at::NoGradGuard no_grad;
-  at::Tensor local = g.defined() ? g.detach() : at::zeros_like(flat_param_);
-  if (!config_.sharded) return local;
-  at::Tensor full = at::empty({padded_numel_}, local.options());
-  comm::all_gather_into_tensor(full, local, config_.shard_pg);
-  return full;
+  return gather_shard_shaped(g.defined() ? g : at::zeros_like(flat_param_));
 }
 
 std::vector<at::Tensor> FlatParamHandle::views_of(const at::Tensor& flat) const {

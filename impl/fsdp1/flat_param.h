@@ -13,6 +13,7 @@
 #include "tdc/comm/process_group.h"
 #include "tdc/fsdp1/fully_sharded_data_parallel.h"
 #include "tdc/nn/module.h"
+#include "tdc/tensor/dtensor.h"
 
 namespace tdc::fsdp1::detail {
 
@@ -24,6 +25,9 @@ struct ParamSlot {
   std::vector<int64_t> shape;
   int64_t numel = 0, offset = 0;  // in the unpadded flat vector
   bool requires_grad = true;
+  // Set when the parameter is TP's local shard (FSDP over TP, the DTensor extension): its layout
+  // over the TP mesh. The slot's shape is the local shape.
+  std::optional<tensor::DTensorSpec> tp_spec;
 };
 // A further registration of a flattened parameter (weight tying): same tensor, another module.
 struct SharedSlot {
@@ -99,6 +103,11 @@ class FlatParamHandle {
   at::Tensor gather_full_precision();
   // Writes `full` (padded, full precision) back into this rank's shard.
   void write_back(const at::Tensor& full);
+  // A tensor laid out as this rank's shard (numel == shard_numel()), all-gathered into the padded
+  // flat vector (NO_SHARD: returned as is). Any dtype; collective over the shard group.
+  at::Tensor gather_shard_shaped(const at::Tensor& shard) const;
+  // This rank's [begin, end) of slot `i` inside its shard (empty when the slot lies elsewhere).
+  std::pair<int64_t, int64_t> slot_range_in_shard(size_t i) const;
   // The gradient of the whole flat vector (padded), gathered; undefined when no gradient exists.
   at::Tensor gather_full_grad();
 

@@ -151,6 +151,10 @@ FullyShardedDataParallel::StateDictTypeGuard FullyShardedDataParallel::state_dic
   return StateDictTypeGuard(std::move(units), type);
 }
 
+void FullyShardedDataParallel::set_state_dict_type(nn::Module& module, StateDictType type) {
+  state_dict_type(module, type).release();  // checks every unit first
+}
+
 StateDictType FullyShardedDataParallel::current_state_dict_type() const { return unit_->state_dict_type; }
 
 FullyShardedDataParallel::StateDictTypeGuard::StateDictTypeGuard(std::vector<FullyShardedDataParallel*> units,
@@ -165,6 +169,11 @@ FullyShardedDataParallel::StateDictTypeGuard::StateDictTypeGuard(std::vector<Ful
 FullyShardedDataParallel::StateDictTypeGuard::StateDictTypeGuard(StateDictTypeGuard&& other) noexcept
     : units_(std::move(other.units_)), previous_(std::move(other.previous_)) {
   other.units_.clear();
+}
+
+void FullyShardedDataParallel::StateDictTypeGuard::release() {
+  units_.clear();
+  previous_.clear();
 }
 
 FullyShardedDataParallel::StateDictTypeGuard::~StateDictTypeGuard() {

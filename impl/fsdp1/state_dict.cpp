@@ -1,6 +1,7 @@
 // FSDP1 state dicts (FullyShardedDataParallel::state_dict / load_state_dict under state_dict_type).
 #include "common.h"
 #include "flat_param.h"
+#include "sharded_layout.h"
 #include "tdc/checkpoint/errors.h"
 #include "tdc/tensor/dtensor.h"
 #include "unit_state.h"
@@ -15,10 +16,6 @@
 namespace tdc::fsdp1 {
 
 namespace {
-
-std::string join(const std::string& prefix, const std::string& name) {
-  return prefix.empty() ? name : prefix + "." + name;
-}
 
 // The dtype a buffer had before mixed precision cast it (its current dtype otherwise).
 at::ScalarType original_dtype(const UnitState& root, const at::Tensor& b) {
@@ -38,78 +35,73 @@ std::vector<std::pair<std::string, at::Tensor>> persistent_buffers(nn::Module& r
   return out;
 }
 
-// The mesh a SHARDED_STATE_DICT entry of `unit` lives on: the unit's device_mesh, else a 1-D mesh
-// over the world (made once per unit), else an error.
-DeviceMesh shard_mesh(FullyShardedDataParallel& unit) {
-  if (unit.options().device_mesh)
-    return unit.options().device_mesh->ndim() == 1 ? *unit.options().device_mesh
-                                                   : (*unit.options().device_mesh).select_dims({0});
-  static thread_local std::map<const comm::ProcessGroup*, DeviceMesh> meshes;
-  const comm::GroupPtr& pg = unit.process_group();
-  auto it = meshes.find(pg.get());
-  if (it != meshes.end()) return it->second;
-  if (pg->size() != comm::default_group()->size()) {
-    throw std::invalid_argument(fmt::format(
-        "SHARDED_STATE_DICT: FSDP unit {} shards over a group of {} of the {} ranks; pass FSDPOptions::device_mesh so "
-        "that its entries can be DTensors",
-        unit.unit().label(), pg->size(), comm::default_group()->size()));
+// A managed parameter as the tree shows it inside summon_full_params: its unit and flat-parameter slot.
+struct SlotRef {
+  FullyShardedDataParallel* unit = nullptr;
+  const detail::ParamSlot* slot = nullptr;
+};
+
+// Inside summon_full_params: every registered full view -> its slot (tied parameters: the primary's).
+std::map<const c10::TensorImpl*, SlotRef> summoned_slots(FullyShardedDataParallel& root) {
+  std::map<const c10::TensorImpl*, SlotRef> out;
+  for (auto* u : FullyShardedDataParallel::fsdp_modules(root)) {
+    const detail::FlatParamHandle* h = u->unit().handle();
+    if (!h) continue;
+    for (const auto& slot : h->slots()) {
+      if (const at::Tensor* t = slot.module->find_param(slot.name); t && t->defined()) {
+        out.emplace(t->unsafeGetTensorImpl(), SlotRef{u, &slot});
+      }
+    }
   }
-  DeviceMesh mesh = init_device_mesh(pg->device_type(), {pg->size()});
-  meshes.emplace(pg.get(), mesh);
-  return mesh;
+  return out;
+}
+
+// Every parameter of the tree in named_params() order with its slot (none: not managed), inside
+// summon_full_params (full values, no writeback).
+template <class F>
+void for_each_full_param(FullyShardedDataParallel& root, F&& f) {
+  SummonFullParams full(root, {.recurse = true, .writeback = false});
+  const auto slots = summoned_slots(root);
+  at::NoGradGuard no_grad;
+  for (auto& [fqn, p] : root.named_params()) {
+    auto it = slots.find(p.unsafeGetTensorImpl());
+    f(detail::clean_fqn(fqn), p, it == slots.end() ? SlotRef{} : it->second);
+  }
+}
+
+void add_buffers(FullyShardedDataParallel& root, checkpoint::StateDict& sd) {
+  for (auto& [fqn, b] : persistent_buffers(root)) sd.set(fqn, b.detach().to(original_dtype(root.unit(), b)).clone());
 }
 
 checkpoint::StateDict full_state_dict(FullyShardedDataParallel& root) {
   checkpoint::StateDict sd;
-  {
-    SummonFullParams full(root, {.recurse = true, .writeback = false});
-    at::NoGradGuard no_grad;
-    for (auto& [fqn, p] : root.named_params()) sd.set(detail::clean_fqn(fqn), p.detach().clone());
-  }
-  for (auto& [fqn, b] : persistent_buffers(root)) sd.set(fqn, b.detach().to(original_dtype(root.unit(), b)).clone());
+  for_each_full_param(root, [&](const std::string& key, const at::Tensor& p, const SlotRef& ref) {
+    sd.set(key, ref.slot ? detail::full_entry(*ref.slot, p) : checkpoint::Value(p.detach().clone()));
+  });
+  add_buffers(root, sd);
   return sd;
 }
 
 checkpoint::StateDict sharded_state_dict(FullyShardedDataParallel& root) {
   checkpoint::StateDict sd;
-  auto units = FullyShardedDataParallel::fsdp_modules(root);
-  std::map<const c10::TensorImpl*, FullyShardedDataParallel*> owner;
-  {
-    SummonFullParams full(root, {.recurse = true, .writeback = false});
-    for (auto* u : units) {
-      for (auto& [fqn, p] : u->module().named_params()) owner.emplace(p.unsafeGetTensorImpl(), u);
+  for_each_full_param(root, [&](const std::string& key, const at::Tensor& p, const SlotRef& ref) {
+    if (!ref.slot) {
+      sd.set(key, p.detach().clone());  // not managed (ignored): as is
+      return;
     }
-    at::NoGradGuard no_grad;
-    for (auto& [fqn, p] : root.named_params()) {
-      auto it = owner.find(p.unsafeGetTensorImpl());
-      if (it == owner.end()) {
-        sd.set(detail::clean_fqn(fqn), p.detach().clone());  // not managed (ignored): as is
-        continue;
-      }
-      DeviceMesh mesh = shard_mesh(*it->second);
-      tensor::DTensor d = tensor::distribute_tensor(p.detach(), mesh, {tensor::Shard{0}});
-      sd.set(detail::clean_fqn(fqn), tensor::DTensor(d.to_local().clone(), d.spec()));
-    }
-  }
-  for (auto& [fqn, b] : persistent_buffers(root)) sd.set(fqn, b.detach().to(original_dtype(root.unit(), b)).clone());
+    sd.set(key, detail::sharded_entry(*ref.unit, *ref.slot, p));
+  });
+  add_buffers(root, sd);
   return sd;
-}
-
-std::vector<std::pair<std::string, FullyShardedDataParallel*>> named_units(nn::Module& root) {
-  std::vector<std::pair<std::string, FullyShardedDataParallel*>> out;
-  for (auto& [fqn, m] : root.named_modules_tdc()) {
-    if (auto* u = dynamic_cast<FullyShardedDataParallel*>(m)) out.emplace_back(detail::clean_fqn(fqn), u);
-  }
-  return out;
 }
 
 checkpoint::StateDict local_state_dict(FullyShardedDataParallel& root) {
   checkpoint::StateDict sd;
-  for (auto& [fqn, u] : named_units(root)) {
+  for (auto& [fqn, u] : detail::named_units(root)) {
     if (!u->unit().handle()) continue;
-    sd.set(join(fqn, detail::kFlatParamName), u->flat_param().detach().clone());
+    sd.set(detail::join_fqn(fqn, detail::kFlatParamName), u->flat_param().detach().clone());
   }
-  for (auto& [fqn, b] : persistent_buffers(root)) sd.set(fqn, b.detach().to(original_dtype(root.unit(), b)).clone());
+  add_buffers(root, sd);
   return sd;
 }
 
@@ -136,8 +128,8 @@ void check_keys(const std::vector<std::pair<std::string, at::Tensor>>& expected,
   }
 }
 
-// The value of `key` as a full tensor matching `target`'s shape (DTensors are gathered).
-at::Tensor full_value(const checkpoint::StateDict& sd, const std::string& key, const at::Tensor& target) {
+// The value of an unmanaged tensor (a buffer, an ignored parameter): full, same shape.
+at::Tensor plain_value(const checkpoint::StateDict& sd, const std::string& key, const at::Tensor& target) {
   const checkpoint::Value& v = sd.at(key);
   at::Tensor t;
   if (auto* d = std::get_if<tensor::DTensor>(&v)) {
@@ -160,13 +152,18 @@ at::Tensor full_value(const checkpoint::StateDict& sd, const std::string& key, c
 
 void load_full_or_sharded(FullyShardedDataParallel& root, const checkpoint::StateDict& sd, bool strict) {
   SummonFullParams full(root, {.recurse = true, .writeback = true});
+  const auto slots = summoned_slots(root);
   std::vector<std::pair<std::string, at::Tensor>> targets;
   for (auto& [fqn, p] : root.named_params()) targets.emplace_back(detail::clean_fqn(fqn), p);
   for (auto& [fqn, b] : persistent_buffers(root)) targets.emplace_back(fqn, b);
   check_keys(targets, sd, strict);
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // all checked before the first write
   for (auto& [k, t] : targets) {
-    if (sd.contains(k)) copies.emplace_back(t, full_value(sd, k, t));
+    if (!sd.contains(k)) continue;
+    auto it = slots.find(t.unsafeGetTensorImpl());
+    copies.emplace_back(t, it == slots.end() ? plain_value(sd, k, t)
+                                             : detail::slot_value(sd.at(k), *it->second.slot, k,
+                                                                  "FullyShardedDataParallel::load_state_dict"));
   }
   at::NoGradGuard no_grad;
   for (auto& [dst, src] : copies) dst.detach().copy_(src);
@@ -174,14 +171,14 @@ void load_full_or_sharded(FullyShardedDataParallel& root, const checkpoint::Stat
 
 void load_local(FullyShardedDataParallel& root, const checkpoint::StateDict& sd, bool strict) {
   std::vector<std::pair<std::string, at::Tensor>> targets;
-  for (auto& [fqn, u] : named_units(root)) {
-    if (u->unit().handle()) targets.emplace_back(join(fqn, detail::kFlatParamName), u->flat_param());
+  for (auto& [fqn, u] : detail::named_units(root)) {
+    if (u->unit().handle()) targets.emplace_back(detail::join_fqn(fqn, detail::kFlatParamName), u->flat_param());
   }
   for (auto& [fqn, b] : persistent_buffers(root)) targets.emplace_back(fqn, b);
   check_keys(targets, sd, strict);
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;
   for (auto& [k, t] : targets) {
-    if (sd.contains(k)) copies.emplace_back(t, full_value(sd, k, t));
+    if (sd.contains(k)) copies.emplace_back(t, plain_value(sd, k, t));
   }
   at::NoGradGuard no_grad;
   for (auto& [dst, src] : copies) dst.detach().copy_(src);

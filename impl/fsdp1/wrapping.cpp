@@ -3,7 +3,9 @@
 
 #include "common.h"
 #include "flat_param.h"
+#include "sharded_layout.h"
 #include "tdc/comm/collectives.h"
+#include "tdc/tensor/module_params.h"
 #include "unit_state.h"
 
 #include <ATen/ATen.h>
@@ -26,10 +28,6 @@ std::mutex g_mu;
 std::unordered_set<const nn::Module*>& wrapped_modules() {
   static std::unordered_set<const nn::Module*> s;
   return s;
-}
-
-std::string join(const std::string& prefix, const std::string& name) {
-  return prefix.empty() ? name : prefix + "." + name;
 }
 
 bool is_hybrid(ShardingStrategy s) {
@@ -160,7 +158,7 @@ void collect_rec(nn::Module& m, const std::string& prefix, const std::unordered_
   for (auto& item : m.named_parameters(/*recurse=*/false)) {
     const at::Tensor& t = item.value();
     if (!t.defined()) continue;
-    const std::string fqn = clean_fqn(join(prefix, item.key()));
+    const std::string fqn = clean_fqn(join_fqn(prefix, item.key()));
     auto it = seen.find(t.unsafeGetTensorImpl());
     if (it != seen.end()) {
       out.shared.push_back({&m, item.key(), fqn, it->second});
@@ -175,11 +173,12 @@ void collect_rec(nn::Module& m, const std::string& prefix, const std::unordered_
     s.numel = t.numel();
     s.offset = out.slots.empty() ? 0 : out.slots.back().offset + out.slots.back().numel;
     s.requires_grad = t.requires_grad();
+    if (const tensor::DTensorSpec* spec = tensor::param_spec(m, item.key())) s.tp_spec = *spec;
     out.slots.push_back(std::move(s));
     out.values.push_back(t);
   }
   for (auto& [name, child] : m.named_children_tdc()) {
-    collect_rec(*child, join(prefix, name), stop, ignored, seen, out, false);
+    collect_rec(*child, join_fqn(prefix, name), stop, ignored, seen, out, false);
   }
 }
 
@@ -207,6 +206,7 @@ void check_flattenable(const nn::Module& unit_root, const Collected& c, const FS
           unit_root.type_name(), c.slots[0].fqn, c.slots[0].requires_grad, c.slots[i].fqn, c.slots[i].requires_grad));
     }
   }
+  check_tp_slots(o, c.slots, fmt::format("FullyShardedDataParallel({})", unit_root.type_name()));
   for (size_t i = 0; i < c.values.size(); ++i) {
     if (!at::isFloatingType(c.values[i].scalar_type())) {
       throw std::invalid_argument(

@@ -89,11 +89,15 @@ struct StateDictOptions {
 
 // nn.Module.state_dict(): the model's parameters (DTensor where TP/FSDP sharded them) and
 // persistent buffers, keyed by the module's own FQNs (wrapper segments such as DDP's "module."
-// included, as PyTorch's module.state_dict()).
+// included, as PyTorch's module.state_dict()). An FSDP1 root gives its state_dict() under its
+// current state_dict_type (wrapper-free FQNs, as PyTorch's FSDP1 hooks do).
 StateDict module_state_dict(nn::Module& model);
 
 // get_model_state_dict / set_model_state_dict. FQNs are PyTorch's: wrapper segments (DDP's
-// "module.") dropped. set_* checks everything first (keys with strict, then per key the kind,
+// "module.", FSDP1's "_fsdp_wrapped_module.") dropped. A model whose root is an FSDP1 wrapper
+// (tdc::fsdp1) gives its SHARDED_STATE_DICT entries ([Note: FSDP1 sharded state-dict layout]):
+// copies, which set_* writes back through FSDP1; optimizer state is laid out the same way per
+// original parameter. set_* checks everything first (keys with strict, then per key the kind,
 // dtype, global shape and placements, naming the key and both values) and changes nothing when it
 // throws; then copies the values into the model's tensors in place (the optimizer keeps its
 // references). A sharded entry may have other placements or another mesh than the model's

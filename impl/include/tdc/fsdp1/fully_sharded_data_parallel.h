@@ -261,6 +261,7 @@ class FullyShardedDataParallel::StateDictTypeGuard {
   StateDictTypeGuard(std::vector<FullyShardedDataParallel*> units, StateDictType type);
   StateDictTypeGuard(StateDictTypeGuard&& other) noexcept;
   ~StateDictTypeGuard();
+  void release();  // keep the new type (set_state_dict_type)
 
  private:
   std::vector<FullyShardedDataParallel*> units_;

@@ -1,0 +1,30 @@
+// Reading LibTorch's per-parameter optimizer state (Adam, AdamW, SGD) by name, for the optimizer
+// state dict and for wrappers that convert it (FSDP1's flat parameters). Internal to libtdc.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace tdc::checkpoint::detail {
+
+// A parameter's state: named tensors (the optimizer's own, so writing into them updates it) in
+// PyTorch's order ("exp_avg", "exp_avg_sq"[, "max_exp_avg_sq"]; SGD "momentum_buffer"), and
+// Adam's integer step ([Note: LibTorch's optimizer step is an integer]).
+struct ParamState {
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  std::optional<int64_t> step;
+};
+
+// nullopt when the optimizer holds no state for `param`. Throws std::invalid_argument for
+// optimizers other than Adam, AdamW and SGD.
+std::optional<ParamState> optimizer_param_state(torch::optim::Optimizer& optim, const at::Tensor& param);
+
+}  // namespace tdc::checkpoint::detail
