@@ -6,6 +6,11 @@
 // values are exactly the saved ones (a mutation that changed nothing that matters); never a crash,
 // a hang, another exception, or a wrong value. The case count and the outcome split are printed.
 // A failing case prints its index and mutation: rerun with TDC_FUZZ_CASE=<index> to replay it.
+//
+// The same for from_bytes (to_bytes' format, [Note: the state-dict byte format]): each rank's
+// bytes (plain tensors of several dtypes, 0-dim and empty ones, JSON values, DTensors on a 1-D and
+// a 2-D mesh) are mutated and read back; every case ends in a CheckpointError or a state dict whose
+// tensors hold exactly the bytes written.
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +24,7 @@
 
 #include "tdc/checkpoint/checkpoint.h"
 #include "tdc/checkpoint/errors.h"
+#include "tdc/checkpoint/serialize.h"
 #include "tdc/comm/collectives.h"
 #include "tdc/conformance/support.h"
 #include "tdc/device_mesh.h"
@@ -202,8 +208,15 @@ struct Mutator {
   }
 
   std::string mutate(const std::string& file, std::string& what) {
+    const size_t kind = below(6);
+    return kind == 5 ? edit_header(file, what) : mutate_bytes(file, what, kind);
+  }
+
+  // Mutations that know nothing of the format: kind 0-1 bit flips, 2 truncation, 3 insertion,
+  // 4 deletion.
+  std::string mutate_bytes(const std::string& file, std::string& what, size_t kind) {
     std::string out = file;
-    switch (below(6)) {
+    switch (kind) {
       case 0:
       case 1: {  // bit flips: anywhere (the length prefix, the header, the data)
         const size_t flips = 1 + below(3);
@@ -233,7 +246,7 @@ struct Mutator {
         return out.erase(at, count);
       }
       default:
-        return edit_header(file, what);
+        throw std::logic_error(fmt::format("mutate_bytes: no mutation kind {}", kind));
     }
   }
 };
@@ -321,6 +334,241 @@ TDC_DIST_TEST(CheckpointFuzzTest, MutatedCheckpointsLoadCorrectlyOrFailCleanly, 
                errors, loads);
     EXPECT_GT(errors, (last - first) / 2) << "most mutations must be caught";
   }
+  comm::barrier();
+}
+
+// ------------------------------------------------------------------ from_bytes
+
+constexpr int kBytesCases = 4000;  // per rank
+
+// Each rank's state: plain tensors (F32, BF16, I64, BOOL, a 0-dim step, an empty tensor), JSON
+// values, and DTensors (uneven Shard, Replicate, Partial on the 1-D mesh; StridedShard x Shard
+// and Replicate x Shard on the 2-D one).
+StateDict bytes_state(const DeviceMesh& mesh1, const DeviceMesh& mesh2) {
+  using namespace tensor;
+  StateDict sd;
+  sd.set("w", distribute_tensor(at::arange(5 * 3, at::kFloat).reshape({5, 3}), mesh1, {Shard{0}}));
+  sd.set("scale", at::tensor({1.5, -2.0}).to(at::kBFloat16));
+  sd.set("ids", at::arange(7, at::kLong) * 1000003);
+  sd.set("mask", at::tensor({1, 0, 0, 1}, at::kLong).to(at::kBool));
+  sd.set("state.w.step", at::scalar_tensor(3.0, at::kFloat));
+  sd.set("empty", at::empty({0, 3}));
+  sd.set("param_groups", nlohmann::json::array({{{"lr", 0.01}, {"betas", {0.9, 0.999}}, {"params", {"w"}}}}));
+  sd.set("rep", distribute_tensor(at::ones({2, 2}), mesh1, {Replicate{}}));
+  sd.set("partial", from_local(at::ones({3}), mesh1, {Partial{}}));
+  sd.set("tp_fsdp",
+         distribute_tensor(at::arange(6 * 4, at::kFloat).reshape({6, 4}), mesh2, {StridedShard{0, 2}, Shard{0}}));
+  sd.set("hsdp", distribute_tensor(at::arange(3 * 2, at::kFloat).reshape({3, 2}), mesh2, {Replicate{}, Shard{0}}));
+  sd.set("extra", nlohmann::json{{"epoch", 3}, {"note", "x"}});
+  return sd;
+}
+
+// The bytes of every tensor of `sd`, in order (what to_bytes' data section holds).
+std::string tensor_bytes(const StateDict& sd) {
+  std::string out;
+  for (const auto& [key, value] : sd) {
+    if (std::holds_alternative<nlohmann::json>(value)) continue;
+    const at::Tensor t = checkpoint::local_tensor(value).contiguous();
+    out.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
+  }
+  return out;
+}
+
+// Edits one thing in the JSON header of to_bytes' output and re-serialises it with a consistent
+// length prefix (the data section kept).
+std::string edit_bytes_header(Mutator& m, const std::string& bytes, std::string& what) {
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  nlohmann::ordered_json h = nlohmann::ordered_json::parse(bytes.substr(8, n));
+  auto& entries = h["entries"];
+  const size_t i = m.below(entries.size());
+  auto& e = entries[i];
+  const std::string key = e["key"].get<std::string>();
+  std::string text;
+  auto one_of = [&](std::vector<nlohmann::ordered_json> values) { return values[m.below(values.size())]; };
+  switch (m.below(16)) {
+    case 0:
+      what = "dtype of " + key;
+      e["dtype"] = one_of({"F16", "BF16", "I64", "I32", "F64", "U8", "BOOL", "X9", "f32", "", 7});
+      break;
+    case 1:
+      what = "a shape entry of " + key;
+      if (e.contains("shape") && !e["shape"].empty())
+        e["shape"][m.below(e["shape"].size())] = m.odd_value();
+      else
+        e["shape"] = nlohmann::ordered_json::array({m.odd_value()});
+      break;
+    case 2:
+      what = "offset or nbytes of " + key;
+      e[m.below(2) ? "offset" : "nbytes"] = m.odd_value();
+      break;
+    case 3:
+      what = "checksum of " + key;
+      e["checksum"] = one_of({"", "0000000000000000", "FFFFFFFFFFFFFFFF", "xyz", 12, "0123456789abcdef0"});
+      break;
+    case 4:
+      what = "kind of " + key;
+      e["kind"] = one_of({"tensor", "dtensor", "json", "DTensor", "", nullptr});
+      break;
+    case 5:
+      what = "entry " + key + " removed";
+      entries.erase(i);
+      break;
+    case 6: {
+      what = "entry " + key + " twice, or two entries swapped";
+      const size_t j = m.below(entries.size());
+      if (m.below(2))
+        entries.push_back(entries[i]);
+      else
+        std::swap(entries[i], entries[j]);
+      break;
+    }
+    case 7: {
+      what = "a field of " + key + " removed";
+      std::vector<std::string> fields;
+      for (auto& [k, v] : e.items()) fields.push_back(k);
+      e.erase(fields[m.below(fields.size())]);
+      break;
+    }
+    case 8:
+    case 9:
+    case 10: {
+      auto& spec = e["spec"];  // a plain tensor or JSON entry gets a bogus one
+      const size_t field = m.below(9);
+      what = fmt::format("spec field {} of {}", field, key);
+      if (!spec.is_object()) spec = {{"mesh", {{"shape", {1}}}}};
+      auto& mesh = spec["mesh"];
+      switch (field) {
+        case 0:
+          mesh["device_type"] = one_of({"cuda", "", 3});
+          break;
+        case 1:
+          mesh["shape"] = one_of({nlohmann::ordered_json::array({4}), nlohmann::ordered_json::array({2, 2}),
+                                  nlohmann::ordered_json::array({1, 1, 4}), nlohmann::ordered_json::array({0}),
+                                  nlohmann::ordered_json::array(), m.odd_value()});
+          break;
+        case 2:
+          if (mesh["ranks"].is_array() && !mesh["ranks"].empty())
+            mesh["ranks"][m.below(mesh["ranks"].size())] = m.odd_value();
+          else
+            mesh["ranks"] = m.odd_value();
+          break;
+        case 3:
+          mesh["dim_names"] =
+              one_of({nlohmann::ordered_json::array({"dp"}), nlohmann::ordered_json::array({"tp", "dp"}),
+                      nlohmann::ordered_json::array({1, 2}), "dp"});
+          break;
+        case 4: {
+          auto& ps = spec["placements"];
+          if (!ps.is_array() || ps.empty()) {
+            ps = m.odd_value();
+            break;
+          }
+          auto& p = ps[m.below(ps.size())];
+          const char* f = std::vector<const char*>{"type", "dim", "split_factor", "reduce_op"}[m.below(4)];
+          p[f] = m.below(2) ? m.odd_value()
+                            : one_of({"Shard", "StridedShard", "Replicate", "Partial", "SUM", "sum", "PRODUCT"});
+          break;
+        }
+        case 5:
+        case 6: {
+          auto& v = spec[field == 5 ? "shape" : "stride"];
+          if (v.is_array() && !v.empty())
+            v[m.below(v.size())] = m.odd_value();
+          else
+            v = m.odd_value();
+          break;
+        }
+        case 7:
+          spec["placements"].push_back({{"type", "Replicate"}});
+          break;
+        default:
+          spec = m.odd_value();
+          break;
+      }
+      break;
+    }
+    case 11:
+      what = "a top-level field";
+      h[std::vector<const char*>{"format", "version", "data_bytes", "entries"}[m.below(4)]] = m.odd_value();
+      break;
+    case 12:
+      what = "huge shape of " + key + " with consistent nbytes";
+      e["shape"] = {int64_t{1} << 31, int64_t{1} << 31};
+      e["nbytes"] = int64_t{1} << 62;
+      break;
+    case 13:
+      what = "a mesh of 100000 dims of size 1 for " + key;
+      e["kind"] = "dtensor";
+      e["spec"]["mesh"] = {{"device_type", "cpu"},
+                           {"shape", std::vector<int64_t>(100000, 1)},
+                           {"ranks", {0}},
+                           {"dim_names", nlohmann::ordered_json::array()}};
+      break;
+    case 14:
+      what = "a JSON value nested 100000 deep";
+      text = h.dump();
+      text.insert(text.size() - 1, ",\"deep\":" + std::string(100000, '[') + std::string(100000, ']'));
+      break;
+    default: {
+      what = "the header length prefix";
+      const uint64_t len = std::vector<uint64_t>{
+          0, 1, n - 1, n + 1, bytes.size(), uint64_t{1} << 63, ~uint64_t{0}, 100'000'001}[m.below(8)];
+      std::string out = bytes;
+      std::memcpy(out.data(), &len, 8);
+      return out;
+    }
+  }
+  if (text.empty()) text = h.dump();
+  const uint64_t len = text.size();
+  std::string out(8, '\0');
+  std::memcpy(out.data(), &len, 8);
+  return out + text + bytes.substr(8 + n);
+}
+
+TDC_DIST_TEST(CheckpointFuzzTest, MutatedBytesLoadExactlyOrFailCleanly, .world_size = 2, .timeout_s = 600) {
+  conformance::world();
+  const DeviceMesh mesh1 = init_device_mesh("cpu", {2});
+  const DeviceMesh mesh2 = init_device_mesh("cpu", {1, 2}, {"dp", "tp"});
+  const std::vector<DeviceMesh> meshes = {mesh1, mesh2};
+  const StateDict saved = bytes_state(mesh1, mesh2);
+  const std::string bytes = checkpoint::to_bytes(saved);
+  const std::string data = tensor_bytes(saved);
+  ASSERT_EQ(checkpoint::to_bytes(checkpoint::from_bytes(bytes, meshes)), bytes) << "the unmutated bytes round trip";
+  // Each rank mutates its own bytes (from_bytes is local: no collective).
+  int errors = 0, exact = 0, changed = 0, first = 0, last = kBytesCases;
+  if (const char* one = std::getenv("TDC_FUZZ_CASE")) first = std::atoi(one), last = first + 1;
+  for (int c = first; c < last; ++c) {
+    Mutator m{std::mt19937_64(0xb17e5000 + 1000003 * ctx().rank + c)};
+    std::string what;
+    const std::string input = m.below(3) ? m.mutate_bytes(bytes, what, m.below(5)) : edit_bytes_header(m, bytes, what);
+    const std::string label = fmt::format("rank {} case {} ({})", ctx().rank, c, what);
+    StateDict back;
+    try {
+      back = checkpoint::from_bytes(input, meshes);
+    } catch (const checkpoint::CheckpointError& e) {
+      ++errors;
+      ASSERT_EQ(std::string(e.what()).rfind("from_bytes: ", 0), 0u) << label << ": " << e.what();
+      continue;
+    } catch (const std::exception& e) {
+      FAIL() << label << ": not a CheckpointError: " << e.what();
+    }
+    // A mutation that got through changed the header only (keys, JSON values, a DTensor's kind):
+    // every tensor still holds exactly the bytes written, and every DTensor is consistent.
+    ASSERT_EQ(tensor_bytes(back), data) << label << ": tensor bytes changed without an error";
+    for (const auto& [key, value] : back) {
+      if (const auto* d = std::get_if<tensor::DTensor>(&value)) {
+        ASSERT_TRUE(d->device_mesh() == mesh1 || d->device_mesh() == mesh2) << label << ": " << key;
+        ASSERT_EQ(d->spec().local_shape(), d->to_local().sizes().vec()) << label << ": " << key;
+      }
+    }
+    (checkpoint::to_bytes(back) == bytes ? exact : changed)++;
+  }
+  fmt::print(
+      "rank {}: from_bytes fuzz: {} cases: {} refused with a CheckpointError, {} read back exactly, {} with "
+      "a changed header (tensor bytes intact)\n",
+      ctx().rank, last - first, errors, exact, changed);
+  EXPECT_GT(errors, (last - first) / 2) << "most mutations must be caught";
   comm::barrier();
 }
 

@@ -1,13 +1,16 @@
 // Unit tests of tdc::checkpoint: state dicts (FQNs, kinds, full / cpu_offload, strict checks,
 // all-or-nothing set), optimizer state dicts, save/load round trips with resharding (TP x FSDP2
 // -> FSDP2 -> plain, world 4 -> world 1), the manifest's JSON values, atomic save under crashes
-// at every step, and bad checkpoints refused with a message naming the file, key and value.
+// at every step, bad checkpoints refused with a message naming the file, key and value, and state
+// dicts as bytes (to_bytes / from_bytes: torch.save(sd, BytesIO) / torch.load).
 #include <sys/wait.h>
 #include <unistd.h>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -15,6 +18,7 @@
 
 #include "tdc/checkpoint/checkpoint.h"
 #include "tdc/checkpoint/errors.h"
+#include "tdc/checkpoint/serialize.h"
 #include "tdc/checkpoint/state_dict.h"
 #include "tdc/comm/collectives.h"
 #include "tdc/conformance/checks.h"
@@ -453,6 +457,184 @@ TDC_DIST_TEST(CheckpointTest, BadCheckpointsAreRefusedAndNothingIsLoaded, .world
   EXPECT_TRUE(fs::exists(temp("mine") + "/notes.txt"));
   EXPECT_THAT(error_of([&] { checkpoint::save(sharded(1.0f), dir, {.replace_existing = false}); }),
               HasSubstr("already holds a checkpoint"));
+}
+
+// ------------------------------------------------------------------ to_bytes / from_bytes
+
+// Entry by entry: same keys in the same order, same kinds; tensors of the same dtype, shape and
+// values (fresh contiguous CPU tensors, sharing nothing with the input); DTensors with equal local
+// tensors and specs (mesh, placements, global shape and stride, dtype); JSON values equal.
+void expect_round_trip(const StateDict& in, const StateDict& out) {
+  ASSERT_EQ(in.keys(), out.keys());
+  for (const auto& [key, value] : in) {
+    SCOPED_TRACE(key);
+    const checkpoint::Value& back = out.at(key);
+    ASSERT_EQ(value.index(), back.index()) << "the kind changed";
+    if (const auto* j = std::get_if<nlohmann::json>(&value)) {
+      EXPECT_EQ(*j, std::get<nlohmann::json>(back));
+      continue;
+    }
+    const at::Tensor& a = checkpoint::local_tensor(value);
+    const at::Tensor& b = checkpoint::local_tensor(back);
+    EXPECT_EQ(a.scalar_type(), b.scalar_type());
+    EXPECT_EQ(a.sizes(), b.sizes());
+    EXPECT_TRUE(b.is_contiguous());
+    EXPECT_TRUE(b.device().is_cpu());
+    EXPECT_TRUE(at::equal(a, b));
+    if (a.numel() > 0) {
+      EXPECT_FALSE(a.is_alias_of(b)) << "from_bytes must return fresh tensors";
+    }
+    if (const auto* d = std::get_if<tensor::DTensor>(&value)) {
+      const tensor::DTensor& e = std::get<tensor::DTensor>(back);
+      EXPECT_TRUE(e.device_mesh() == d->device_mesh()) << e.device_mesh().to_string();
+      EXPECT_EQ(e.placements(), d->placements()) << tensor::to_string(e.placements());
+      EXPECT_EQ(e.shape(), d->shape());
+      EXPECT_EQ(e.spec().stride, d->spec().stride);
+      EXPECT_EQ(e.spec().dtype, d->spec().dtype);
+    }
+  }
+}
+
+// Deep copies (values, not handles), to show that to_bytes changes nothing.
+StateDict deep_copy(const StateDict& sd) {
+  StateDict out;
+  for (const auto& [key, value] : sd) {
+    if (const auto* t = std::get_if<at::Tensor>(&value))
+      out.set(key, t->clone());
+    else if (const auto* d = std::get_if<tensor::DTensor>(&value))
+      out.set(key, tensor::DTensor(d->to_local().clone(), d->spec()));
+    else
+      out.set(key, value);
+  }
+  return out;
+}
+
+TDC_DIST_TEST(SerializeTest, PlainTensorsAndJsonRoundTrip, .world_size = 1) {
+  StateDict sd;
+  sd.set("w", at::arange(6, at::kFloat).reshape({2, 3}) / 3);
+  sd.set("half", (at::arange(5, at::kFloat) / 7).to(at::kBFloat16));
+  sd.set("ids", at::arange(4, at::kLong) * 1000000007LL - 3);
+  sd.set("mask", at::tensor({1, 0, 1}, at::kLong).to(at::kBool));
+  sd.set("f64", at::tensor({1e-300, -2.5, 1.0 / 3}, at::kDouble));
+  sd.set("step", at::scalar_tensor(7.0, at::kFloat));  // 0-dim
+  sd.set("empty", at::empty({0, 4}));
+  const at::Tensor base = at::arange(12, at::kFloat).reshape({3, 4});
+  sd.set("transposed", base.t());  // non-contiguous
+  sd.set("param_groups", nlohmann::json::array({{{"lr", 0.01}, {"betas", {0.9, 0.999}}, {"params", {"w", "ids"}}}}));
+  sd.set("note", nlohmann::json("épreuve"));
+  const StateDict before = deep_copy(sd);
+
+  const std::string bytes = checkpoint::to_bytes(sd);
+  EXPECT_EQ(checkpoint::to_bytes(sd), bytes) << "to_bytes is deterministic";
+  const StateDict back = checkpoint::from_bytes(bytes);
+  expect_round_trip(sd, back);
+  EXPECT_EQ(checkpoint::as_tensor(back, "step").dim(), 0);
+  EXPECT_EQ(checkpoint::as_tensor(back, "transposed").sizes(), (at::IntArrayRef{4, 3}));
+  // The input is unchanged: values, and the non-contiguous view is still a view of its base.
+  expect_same(sd, before);
+  EXPECT_FALSE(checkpoint::as_tensor(sd, "transposed").is_contiguous());
+  EXPECT_TRUE(checkpoint::as_tensor(sd, "transposed").is_alias_of(base));
+  // Bytes of bytes: the same again.
+  EXPECT_EQ(checkpoint::to_bytes(back), bytes);
+  // An empty state dict.
+  EXPECT_TRUE(checkpoint::from_bytes(checkpoint::to_bytes(StateDict{})).empty());
+}
+
+TDC_DIST_TEST(SerializeTest, DTensorsRoundTripOnOneAndTwoDimMeshes, .world_size = 4) {
+  conformance::world();
+  const DeviceMesh mesh1 = init_device_mesh("cpu", {4});
+  const DeviceMesh mesh2 = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  const at::Tensor rows = at::arange(5 * 3, at::kFloat).reshape({5, 3});  // 5 rows: uneven over 4 and 2
+  const at::Tensor big = at::arange(7 * 6, at::kFloat).reshape({7, 6}) / 11;
+  using tensor::Partial;
+  using tensor::Replicate;
+  using tensor::Shard;
+  using tensor::StridedShard;
+  StateDict sd;
+  sd.set("rows", tensor::distribute_tensor(rows, mesh1, {Shard{0}}));  // rank 3's shard is empty
+  sd.set("cols", tensor::distribute_tensor(big, mesh1, {Shard{1}}));
+  sd.set("replicated", tensor::distribute_tensor(big.to(at::kBFloat16), mesh1, {Replicate{}}));
+  sd.set("partial", tensor::from_local(at::full({2}, static_cast<float>(ctx().rank)), mesh1, {Partial{}}));
+  sd.set("tp_fsdp", tensor::distribute_tensor(big, mesh2, {StridedShard{0, 2}, Shard{0}}));
+  sd.set("dp_tp", tensor::distribute_tensor(big, mesh2, {Shard{0}, Shard{1}}));
+  sd.set("hsdp", tensor::distribute_tensor(rows.to(at::kLong), mesh2, {Replicate{}, Shard{0}}));
+  sd.set("tp_only", tensor::distribute_tensor(big, mesh2["tp"], {Shard{0}}));  // a slice's mesh
+  sd.set("state.rows.step", at::scalar_tensor(1.0, at::kFloat));
+  sd.set("param_groups", nlohmann::json::array({{{"lr", 0.1}, {"params", {"rows"}}}}));
+  const StateDict before = deep_copy(sd);
+
+  const StateDict back = checkpoint::from_bytes(checkpoint::to_bytes(sd), {mesh1, mesh2, mesh2["tp"]});
+  expect_round_trip(sd, back);
+  for (const auto& [key, value] : before) {
+    if (const auto* d = std::get_if<tensor::DTensor>(&value)) {
+      EXPECT_TRUE(at::equal(checkpoint::as_dtensor(sd, key).to_local(), d->to_local())) << key << " changed";
+    }
+  }
+  // The loaded DTensors are usable: the full tensors are the originals.
+  EXPECT_TRUE(at::equal(checkpoint::as_dtensor(back, "rows").full_tensor(), rows));
+  EXPECT_TRUE(at::equal(checkpoint::as_dtensor(back, "tp_fsdp").full_tensor(), big));
+  EXPECT_TRUE(at::equal(checkpoint::as_dtensor(back, "dp_tp").full_tensor(), big));
+  EXPECT_TRUE(at::equal(checkpoint::as_dtensor(back, "tp_only").full_tensor(), big));
+  EXPECT_TRUE(at::equal(checkpoint::as_dtensor(back, "partial").full_tensor(), at::full({2}, 6.0f)));
+  EXPECT_EQ(checkpoint::as_dtensor(back, "rows").to_local().size(0), ctx().rank < 2 ? 2 : ctx().rank == 2 ? 1 : 0);
+}
+
+TDC_DIST_TEST(SerializeTest, AMeshMatchingNoneIsNamedWithTheCandidates, .world_size = 4) {
+  conformance::world();
+  const DeviceMesh mesh1 = init_device_mesh("cpu", {4});
+  const DeviceMesh mesh2 = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  const DeviceMesh other_names = init_device_mesh("cpu", {2, 2}, {"replicate", "shard"});
+  StateDict sd;
+  sd.set("b", at::ones({2}));
+  sd.set("w", tensor::distribute_tensor(at::ones({4, 4}), mesh2, {tensor::Shard{0}, tensor::Replicate{}}));
+  const std::string bytes = checkpoint::to_bytes(sd);
+  const std::string recorded =
+      "entry 1 ('w') was saved on DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('dp', 'tp')), which matches "
+      "none of the meshes given";
+  EXPECT_THAT(error_of([&] { checkpoint::from_bytes(bytes); }), HasSubstr(recorded + " (none)"));
+  EXPECT_THAT(
+      error_of([&] {
+        checkpoint::from_bytes(bytes, {mesh1, other_names});
+      }),
+      HasSubstr(recorded +
+                " (DeviceMesh('cpu', [0, 1, 2, 3]); DeviceMesh('cpu', [[0, 1], [2, 3]], mesh_dim_names=('replicate', "
+                "'shard')))"));
+  // Slices of the recorded mesh are other meshes.
+  EXPECT_THAT(error_of([&] { checkpoint::from_bytes(bytes, {mesh2["dp"], mesh2["tp"]}); }), HasSubstr(recorded));
+  EXPECT_NO_THROW(checkpoint::from_bytes(bytes, {mesh1, other_names, mesh2}));
+  // What to_bytes cannot write: a clear error naming the key.
+  StateDict odd;
+  odd.set("z", at::ones({2}, at::kComplexDouble));
+  EXPECT_THAT(error_of([&] { checkpoint::to_bytes(odd); }),
+              HasSubstr("to_bytes: 'z': dtype ComplexDouble has no safetensors name"));
+}
+
+// A few bad byte strings, each refused with what is wrong (checkpoint_fuzz_test mutates many).
+TDC_DIST_TEST(SerializeTest, BadBytesAreRefusedWithWhatIsWrong, .world_size = 1) {
+  StateDict sd;
+  sd.set("w", at::arange(4, at::kFloat));
+  const std::string bytes = checkpoint::to_bytes(sd);
+  using checkpoint::from_bytes;
+  EXPECT_THAT(error_of([&] { from_bytes(bytes.substr(0, 5)); }), HasSubstr("from_bytes: 5 bytes are too few"));
+  EXPECT_THAT(error_of([&] { from_bytes(bytes.substr(0, 20)); }), HasSubstr("but 12 bytes follow it"));
+  EXPECT_THAT(error_of([&] { from_bytes(bytes.substr(0, bytes.size() - 1)); }),
+              HasSubstr("the header says the data section holds 16 bytes, but 15 follow the header"));
+  std::string flipped = bytes;
+  flipped.back() = static_cast<char>(flipped.back() ^ 1);
+  EXPECT_THAT(error_of([&] { from_bytes(flipped); }),
+              HasSubstr("entry 0 ('w'): its 16 bytes do not match its checksum (corrupt data)"));
+  std::string big_length = bytes;
+  big_length[7] = 0x40;  // + 2^62
+  uint64_t claimed = 0;
+  std::memcpy(&claimed, big_length.data(), 8);
+  EXPECT_THAT(error_of([&] { from_bytes(big_length); }),
+              HasSubstr(fmt::format("the header length is {}, but {} bytes follow it", claimed, bytes.size() - 8)));
+  std::string version = bytes;
+  version.replace(version.find("\"version\":1"), 11, "\"version\":2");
+  EXPECT_THAT(error_of([&] { from_bytes(version); }),
+              HasSubstr("the header's version is 2; this reader knows version 1"));
+  EXPECT_THAT(error_of([&] { from_bytes(std::string(8, '\0')); }), HasSubstr("the header is not valid JSON"));
+  EXPECT_TRUE(at::equal(checkpoint::as_tensor(from_bytes(bytes), "w"), at::arange(4, at::kFloat)));
 }
 
 }  // namespace

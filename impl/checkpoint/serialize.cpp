@@ -1,14 +1,496 @@
-// to_bytes / from_bytes (serialize.h). Being written (issue 15).
+// to_bytes / from_bytes (serialize.h): a state dict as one self-describing byte string.
+//
+// [Note: the state-dict byte format]
+//   [u64 little-endian N][N bytes of JSON header][data section]
+// The header is an object:
+//   {"format": "tdc-state-dict", "version": 1, "data_bytes": D,
+//    "entries": [ one object per key, in the state dict's order ]}
+// An entry has "key" and "kind":
+//   "json":    "value" (the JSON value as it was);
+//   "tensor":  "dtype" (safetensors' names: "F32", "BF16", ...), "shape", "offset", "nbytes",
+//              "checksum" (XXH64 of the bytes, 16 lowercase hex digits; checksum.h);
+//   "dtensor": the same for the local shard, and "spec": {"mesh": {"device_type", "shape",
+//              "ranks" (row-major), "dim_names"}, "placements": [{"type": "Shard", "dim"} |
+//              {"type": "StridedShard", "dim", "split_factor"} | {"type": "Replicate"} |
+//              {"type": "Partial", "reduce_op": "SUM" | "AVG" | "MAX" | "MIN"}],
+//              "shape" and "stride" (global)}.
+// Tensors' bytes follow in entry order, contiguous, little-endian, without gaps: an entry's offset
+// is the sum of the nbytes before it and the last one ends at D = the size of the data section.
+// from_bytes checks all of it before it allocates anything (so no allocation exceeds the input's
+// size), and a DTensor's local shape against its spec on the calling rank.
 #include "tdc/checkpoint/serialize.h"
 
-#include <stdexcept>
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <set>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "checksum.h"
+#include "common.h"
+#include "tdc/checkpoint/detail/safetensors.h"
+#include "tdc/checkpoint/errors.h"
 
 namespace tdc::checkpoint {
 
-std::string to_bytes(const StateDict&) { throw std::logic_error("tdc::checkpoint::to_bytes: not implemented yet"); }
+static_assert(std::endian::native == std::endian::little, "to_bytes writes tensors' memory as little-endian data");
 
-StateDict from_bytes(std::string_view, const std::vector<DeviceMesh>&) {
-  throw std::logic_error("tdc::checkpoint::from_bytes: not implemented yet");
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kFormat = "tdc-state-dict";
+constexpr int64_t kVersion = 1;
+// Bounds the JSON parser's nesting (and the recursion of anything that walks a parsed value); far
+// deeper than the header or an optimizer's param_groups go.
+constexpr int kMaxDepth = 256;
+constexpr comm::ReduceOp kReduceOps[] = {comm::ReduceOp::SUM, comm::ReduceOp::AVG, comm::ReduceOp::MAX,
+                                         comm::ReduceOp::MIN};
+
+// ------------------------------------------------------------------ to_bytes
+
+json placement_json(const tensor::Placement& p) {
+  if (const auto* s = std::get_if<tensor::Shard>(&p)) return {{"type", "Shard"}, {"dim", s->dim}};
+  if (const auto* s = std::get_if<tensor::StridedShard>(&p)) {
+    return {{"type", "StridedShard"}, {"dim", s->dim}, {"split_factor", s->split_factor}};
+  }
+  if (const auto* s = std::get_if<tensor::Partial>(&p))
+    return {{"type", "Partial"}, {"reduce_op", comm::to_string(s->op)}};
+  return {{"type", "Replicate"}};
+}
+
+json spec_json(const tensor::DTensorSpec& spec) {
+  const at::Tensor ranks = spec.mesh.mesh().reshape({-1}).to(at::kLong).contiguous();
+  json placements = json::array();
+  for (const auto& p : spec.placements) placements.push_back(placement_json(p));
+  return {{"mesh",
+           {{"device_type", spec.mesh.device_type()},
+            {"shape", spec.mesh.shape()},
+            {"ranks", std::vector<int64_t>(ranks.data_ptr<int64_t>(), ranks.data_ptr<int64_t>() + ranks.numel())},
+            {"dim_names", spec.mesh.mesh_dim_names()}}},
+          {"placements", std::move(placements)},
+          {"shape", spec.shape},
+          {"stride", spec.stride}};
+}
+
+// The bytes to_bytes writes for a tensor: a contiguous CPU tensor with its conjugate / negative
+// bits resolved (the tensor itself when it already is one; it is only read).
+at::Tensor data_of(const at::Tensor& t, const std::string& key) {
+  if (!t.defined()) throw std::invalid_argument(fmt::format("to_bytes: '{}' is an undefined tensor", key));
+  if (t.layout() != at::kStrided) {
+    throw std::invalid_argument(fmt::format("to_bytes: '{}' has layout {}; only strided (dense) tensors are written",
+                                            key, c10::toString(t.layout())));
+  }
+  return t.detach().resolve_conj().resolve_neg().to(at::kCPU).contiguous();
+}
+
+// ------------------------------------------------------------------ from_bytes: reading the header
+
+template <class... A>
+[[noreturn]] void fail(fmt::format_string<A...> f, A&&... args) {
+  throw CheckpointError(fmt::format("from_bytes: {}", fmt::format(f, std::forward<A>(args)...)));
+}
+
+// A JSON value in a message: compact, bounded, never throwing.
+std::string shown(const json& v) {
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  return s.size() > 80 ? s.substr(0, 80) + "..." : s;
+}
+
+// Strict JSON (UTF-8 checked, no comments) with a nesting bound, refusing an object that has a
+// key twice (json::parse would keep one silently).
+json parse_header(std::string_view text) {
+  std::vector<std::set<std::string>> objects;
+  json::parser_callback_t on_event = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth > kMaxDepth) fail("the header nests deeper than {} levels", kMaxDepth);
+    if (event == json::parse_event_t::object_start) objects.emplace_back();
+    if (event == json::parse_event_t::object_end && !objects.empty()) objects.pop_back();
+    if (event == json::parse_event_t::key && !objects.empty() &&
+        !objects.back().insert(parsed.get<std::string>()).second) {
+      fail("the header has the key '{}' twice in one object", parsed.get<std::string>());
+    }
+    return true;
+  };
+  try {
+    return json::parse(text.begin(), text.end(), on_event, /*allow_exceptions=*/true, /*ignore_comments=*/false);
+  } catch (const json::exception& e) {
+    fail("the header is not valid JSON: {}", e.what());
+  }
+}
+
+// Field access that names the owner ("entry 2 ('w')", "the header") in its errors.
+struct Reader {
+  std::string owner;
+
+  const json& field(const json& obj, const char* name) const {
+    if (!obj.is_object()) fail("{} is {}, not a JSON object", owner, shown(obj));
+    auto it = obj.find(name);
+    if (it == obj.end()) fail("{} has no \"{}\"", owner, name);
+    return *it;
+  }
+  std::string string(const json& obj, const char* name) const {
+    const json& v = field(obj, name);
+    if (!v.is_string()) fail("{} has \"{}\" {}, not a string", owner, name, shown(v));
+    return v.get<std::string>();
+  }
+  // An integer in [lo, hi].
+  int64_t integer(const json& v, const std::string& what, int64_t lo = 0,
+                  int64_t hi = std::numeric_limits<int64_t>::max()) const {
+    int64_t x = 0;
+    if (v.is_number_unsigned() && v.get<uint64_t>() <= static_cast<uint64_t>(hi)) {
+      x = static_cast<int64_t>(v.get<uint64_t>());
+    } else if (v.is_number_integer() && !v.is_number_unsigned()) {
+      x = v.get<int64_t>();
+    } else {
+      fail("{} has {} {}, not an integer in [{}, {}]", owner, what, shown(v), lo, hi);
+    }
+    if (x < lo || x > hi) fail("{} has {} {}, not an integer in [{}, {}]", owner, what, x, lo, hi);
+    return x;
+  }
+  int64_t integer(const json& obj, const char* name, int64_t lo = 0,
+                  int64_t hi = std::numeric_limits<int64_t>::max()) const {
+    return integer(field(obj, name), fmt::format("\"{}\"", name), lo, hi);
+  }
+  std::vector<int64_t> integers(const json& obj, const char* name, int64_t lo = 0,
+                                int64_t hi = std::numeric_limits<int64_t>::max()) const {
+    const json& v = field(obj, name);
+    if (!v.is_array()) fail("{} has \"{}\" {}, not a list of integers", owner, name, shown(v));
+    std::vector<int64_t> out;
+    for (const json& x : v) out.push_back(integer(x, fmt::format("an entry of \"{}\"", name), lo, hi));
+    return out;
+  }
+  // Dims of a tensor: each >= 0, and both the element count and the largest contiguous stride
+  // (the product of max(dim, 1)) fit int64, so at::empty can neither overflow nor be asked for
+  // more than the caller checks.
+  std::vector<int64_t> shape(const json& obj, const char* name) const {
+    // 2^62: chunk arithmetic (size + n - 1) stays in range for any mesh.
+    auto s = integers(obj, name, 0, int64_t{1} << 62);
+    int64_t numel = 1, span = 1;
+    for (int64_t d : s) {
+      if (__builtin_mul_overflow(numel, d, &numel) || __builtin_mul_overflow(span, std::max<int64_t>(d, 1), &span)) {
+        fail("{} has \"{}\" {}, whose size overflows int64", owner, name, detail::shape_str(s));
+      }
+    }
+    return s;
+  }
+};
+
+std::optional<uint64_t> hex64(const std::string& s) {
+  if (s.size() != 16) return std::nullopt;
+  uint64_t v = 0;
+  for (char c : s) {
+    const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (digit < 0) return std::nullopt;
+    v = (v << 4) | static_cast<uint64_t>(digit);
+  }
+  return v;
+}
+
+// The recorded mesh as DeviceMesh::to_string shows one.
+struct RecordedMesh {
+  std::string device_type;
+  std::vector<int64_t> shape, ranks;
+  std::vector<std::string> dim_names;
+
+  bool matches(const DeviceMesh& m) const {
+    if (!m.valid() || m.device_type() != device_type || m.shape() != shape || m.mesh_dim_names() != dim_names) {
+      return false;
+    }
+    const at::Tensor r = m.mesh().reshape({-1}).to(at::kLong).contiguous();
+    return std::equal(ranks.begin(), ranks.end(), r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + r.numel());
+  }
+  // Nested lists, row-major, built without recursion (a header may claim many dims of size 1);
+  // cut after kMaxShown characters.
+  std::string to_string() const {
+    constexpr size_t kMaxShown = 400;
+    std::string nested;
+    std::vector<int64_t> index(shape.size(), 0);
+    for (size_t k = 0; k < ranks.size() && nested.size() <= kMaxShown; ++k) {
+      size_t open = 0;  // dims whose block starts at rank k
+      while (open < shape.size() && index[shape.size() - 1 - open] == 0) ++open;
+      if (k > 0) nested += ", ";
+      nested.append(open, '[');
+      nested += std::to_string(ranks[k]);
+      size_t close = 0;  // dims whose block ends at rank k: advance the index like an odometer
+      for (size_t d = shape.size(); d-- > 0;) {
+        if (++index[d] < shape[d]) break;
+        index[d] = 0;
+        ++close;
+      }
+      nested.append(close, ']');
+    }
+    if (nested.size() > kMaxShown) nested = nested.substr(0, kMaxShown) + "...";
+    std::string out = fmt::format("DeviceMesh('{}', {}", device_type, nested);
+    if (!dim_names.empty()) {
+      std::vector<std::string> q;
+      for (const auto& n : dim_names) q.push_back("'" + n + "'");
+      out += fmt::format(", mesh_dim_names=({}{})", fmt::join(q, ", "), q.size() == 1 ? "," : "");
+    }
+    return out + ")";
+  }
+};
+
+RecordedMesh read_mesh(const Reader& r, const json& spec) {
+  const json& m = r.field(spec, "mesh");
+  const Reader mr{r.owner + "'s mesh"};
+  RecordedMesh out;
+  out.device_type = mr.string(m, "device_type");
+  out.shape = mr.integers(m, "shape", 1);
+  if (out.shape.empty()) fail("{} has an empty shape", mr.owner);
+  out.ranks = mr.integers(m, "ranks");
+  // The ranks were read one JSON number each, so their count bounds the product.
+  size_t product = 1;
+  for (int64_t s : out.shape) {
+    if (static_cast<uint64_t>(s) > out.ranks.size() || (product *= static_cast<size_t>(s)) > out.ranks.size()) break;
+  }
+  if (product != out.ranks.size()) {
+    fail("{} has shape {} but {} ranks", mr.owner, detail::shape_str(out.shape), out.ranks.size());
+  }
+  const json& names = mr.field(m, "dim_names");
+  if (!names.is_array()) fail("{} has \"dim_names\" {}, not a list of strings", mr.owner, shown(names));
+  for (const json& n : names) {
+    if (!n.is_string()) fail("{} has a dim name {}, not a string", mr.owner, shown(n));
+    out.dim_names.push_back(n.get<std::string>());
+  }
+  if (!out.dim_names.empty() && out.dim_names.size() != out.shape.size()) {
+    fail("{} has {} dim names for {} dims", mr.owner, out.dim_names.size(), out.shape.size());
+  }
+  return out;
+}
+
+tensor::Placement read_placement(const Reader& r, const json& p, int64_t mesh_dim, int64_t tensor_dims,
+                                 int64_t mesh_ranks) {
+  const Reader pr{fmt::format("{}'s placement on mesh dim {}", r.owner, mesh_dim)};
+  const std::string type = pr.string(p, "type");
+  if (type == "Replicate") return tensor::Replicate{};
+  if (type == "Shard" || type == "StridedShard") {
+    if (tensor_dims == 0) fail("{} is {} but the tensor is 0-dim", pr.owner, type);
+    const int64_t dim = pr.integer(p, "dim", 0, tensor_dims - 1);
+    if (type == "Shard") return tensor::Shard{dim};
+    // split_factor counts the shards of inner mesh dims: at most the mesh's ranks (this also
+    // bounds the work of computing the local shape).
+    return tensor::StridedShard{dim, pr.integer(p, "split_factor", 1, mesh_ranks)};
+  }
+  if (type == "Partial") {
+    const std::string op = pr.string(p, "reduce_op");
+    for (comm::ReduceOp o : kReduceOps) {
+      if (op == comm::to_string(o)) return tensor::Partial{o};
+    }
+    fail("{} has reduce_op '{}' (known: SUM, AVG, MAX, MIN)", pr.owner, op);
+  }
+  fail("{} has type '{}' (known: Shard, StridedShard, Replicate, Partial)", pr.owner, type);
+}
+
+tensor::DTensorSpec read_spec(const Reader& r, const json& entry, const std::vector<int64_t>& local_shape,
+                              at::ScalarType dtype, const std::vector<DeviceMesh>& meshes) {
+  const json& spec = r.field(entry, "spec");
+  const Reader sr{r.owner + "'s spec"};
+  const RecordedMesh recorded = read_mesh(sr, spec);
+  tensor::DTensorSpec out;
+  out.dtype = dtype;
+  out.shape = sr.shape(spec, "shape");
+  out.stride = sr.integers(spec, "stride");
+  const auto ndim = static_cast<int64_t>(local_shape.size());
+  if (static_cast<int64_t>(out.shape.size()) != ndim || static_cast<int64_t>(out.stride.size()) != ndim) {
+    fail("{} has global shape {} and stride {} for a local shape {}: not one entry per dim", sr.owner,
+         detail::shape_str(out.shape), detail::shape_str(out.stride), detail::shape_str(local_shape));
+  }
+  const json& placements = sr.field(spec, "placements");
+  if (!placements.is_array() || placements.size() != recorded.shape.size()) {
+    fail("{} has placements {}, not a list of one placement per mesh dim ({})", sr.owner, shown(placements),
+         recorded.shape.size());
+  }
+  for (size_t i = 0; i < placements.size(); ++i) {
+    out.placements.push_back(
+        read_placement(sr, placements[i], static_cast<int64_t>(i), ndim, static_cast<int64_t>(recorded.ranks.size())));
+  }
+  for (const DeviceMesh& m : meshes) {
+    if (recorded.matches(m)) {
+      out.mesh = m;
+      break;
+    }
+  }
+  if (!out.mesh.valid()) {
+    std::vector<std::string> candidates;
+    for (const DeviceMesh& m : meshes) candidates.push_back(m.valid() ? m.to_string() : "(no mesh)");
+    fail(
+        "{} was saved on {}, which matches none of the meshes given ({}): pass a mesh with that device type, rank "
+        "layout and dim names",
+        r.owner, recorded.to_string(),
+        candidates.empty() ? std::string("none") : fmt::format("{}", fmt::join(candidates, "; ")));
+  }
+  // The local tensor must be the calling rank's shard of that spec (a rank outside the mesh has no
+  // coordinate: nothing to compare with).
+  const std::vector<int64_t> coord = out.mesh.get_coordinate();
+  if (coord.size() == recorded.shape.size()) {
+    std::vector<int64_t> expected;
+    try {
+      expected = out.local_shape();
+    } catch (const std::exception& e) {
+      fail("{}: {}", sr.owner, e.what());
+    }
+    if (expected != local_shape) {
+      fail("{} has local shape {}, but rank {}'s shard of global shape {} with placements {} on {} is {}", r.owner,
+           detail::shape_str(local_shape), out.mesh.get_rank(), detail::shape_str(out.shape),
+           tensor::to_string(out.placements), recorded.to_string(), detail::shape_str(expected));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ to_bytes
+
+std::string to_bytes(const StateDict& state_dict) {
+  json entries = json::array();
+  std::vector<at::Tensor> data;
+  uint64_t offset = 0;
+  for (const auto& [key, value] : state_dict) {
+    json e = {{"key", key}};
+    if (const auto* j = std::get_if<json>(&value)) {
+      e["kind"] = "json";
+      e["value"] = *j;
+      entries.push_back(std::move(e));
+      continue;
+    }
+    const auto* d = std::get_if<tensor::DTensor>(&value);
+    at::Tensor t = data_of(d ? d->to_local() : std::get<at::Tensor>(value), key);
+    e["kind"] = d ? "dtensor" : "tensor";
+    try {
+      e["dtype"] = detail::dtype_name(t.scalar_type());
+    } catch (const CheckpointError& err) {
+      throw CheckpointError(fmt::format("to_bytes: '{}': {}", key, err.what()));
+    }
+    const auto nbytes = static_cast<uint64_t>(t.nbytes());
+    e["shape"] = t.sizes().vec();
+    e["offset"] = offset;
+    e["nbytes"] = nbytes;
+    e["checksum"] = detail::checksum_hex(detail::checksum64(t.data_ptr(), nbytes));
+    if (d) e["spec"] = spec_json(d->spec());
+    offset += nbytes;
+    data.push_back(std::move(t));
+    entries.push_back(std::move(e));
+  }
+  const json header = {
+      {"format", kFormat}, {"version", kVersion}, {"data_bytes", offset}, {"entries", std::move(entries)}};
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const json::exception& e) {
+    // A key or a JSON value that is not valid UTF-8: name it.
+    for (const auto& [key, value] : state_dict) {
+      try {
+        (void)json(key).dump();
+        if (const auto* j = std::get_if<json>(&value)) (void)j->dump();
+      } catch (const json::exception&) {
+        throw std::invalid_argument(fmt::format("to_bytes: the entry '{}' cannot be written as JSON: {}",
+                                                json(key).dump(-1, ' ', false, json::error_handler_t::replace),
+                                                e.what()));
+      }
+    }
+    throw std::invalid_argument(fmt::format("to_bytes: the header cannot be written as JSON: {}", e.what()));
+  }
+  std::string out;
+  out.reserve(8 + text.size() + offset);
+  const uint64_t n = text.size();
+  out.append(reinterpret_cast<const char*>(&n), 8);
+  out += text;
+  for (const at::Tensor& t : data) out.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
+  return out;
+}
+
+// ------------------------------------------------------------------ from_bytes
+
+StateDict from_bytes(std::string_view bytes, const std::vector<DeviceMesh>& meshes) {
+  if (bytes.size() < 8) fail("{} bytes are too few to hold the 8-byte header length", bytes.size());
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  if (n > detail::kMaxHeaderBytes || n > bytes.size() - 8) {
+    fail("the header length is {}, but {} bytes follow it (and at most {} are allowed)", n, bytes.size() - 8,
+         detail::kMaxHeaderBytes);
+  }
+  const json header = parse_header(bytes.substr(8, n));
+  const std::string_view data = bytes.substr(8 + n);
+  const Reader hr{"the header"};
+  if (const std::string format = hr.string(header, "format"); format != kFormat) {
+    fail("the header's format is '{}', not '{}'", format, kFormat);
+  }
+  if (const int64_t version = hr.integer(header, "version"); version != kVersion) {
+    fail("the header's version is {}; this reader knows version {}", version, kVersion);
+  }
+  if (const int64_t d = hr.integer(header, "data_bytes"); static_cast<uint64_t>(d) != data.size()) {
+    fail("the header says the data section holds {} bytes, but {} follow the header", d, data.size());
+  }
+  const json& entries = hr.field(header, "entries");
+  if (!entries.is_array()) fail("the header's entries are {}, not a list", shown(entries));
+
+  StateDict out;
+  std::set<std::string> keys;
+  uint64_t offset = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const json& e = entries[i];
+    const std::string key = Reader{fmt::format("entry {}", i)}.string(e, "key");
+    const Reader r{fmt::format("entry {} ('{}')", i, key)};
+    if (!keys.insert(key).second) fail("{}: the key is there twice", r.owner);
+    const std::string kind = r.string(e, "kind");
+    if (kind == "json") {
+      out.set(key, r.field(e, "value"));
+      continue;
+    }
+    if (kind != "tensor" && kind != "dtensor") fail("{} has kind '{}' (known: tensor, dtensor, json)", r.owner, kind);
+    const at::ScalarType dtype = detail::dtype_from_name(r.string(e, "dtype"), "from_bytes: " + r.owner);
+    const std::vector<int64_t> shape = r.shape(e, "shape");
+    int64_t numel = 1, nbytes = 0;
+    for (int64_t s : shape) numel *= s;  // shape() checked the product
+    if (__builtin_mul_overflow(numel, detail::itemsize(dtype), &nbytes)) {
+      fail("{} has shape {} of {}: its byte count overflows int64", r.owner, detail::shape_str(shape),
+           detail::dtype_name(dtype));
+    }
+    const int64_t at_offset = r.integer(e, "offset"), recorded_nbytes = r.integer(e, "nbytes");
+    if (recorded_nbytes != nbytes) {
+      fail("{} has nbytes {}, but shape {} of {} takes {}", r.owner, recorded_nbytes, detail::shape_str(shape),
+           detail::dtype_name(dtype), nbytes);
+    }
+    if (static_cast<uint64_t>(at_offset) != offset) {
+      fail("{} has offset {}, but the entries before it end at {} (tensors follow each other without gaps)", r.owner,
+           at_offset, offset);
+    }
+    if (static_cast<uint64_t>(nbytes) > data.size() - offset) {
+      fail("{} has bytes [{}, {}), past the end of the {}-byte data section", r.owner, offset,
+           offset + static_cast<uint64_t>(nbytes), data.size());
+    }
+    const std::string_view raw = data.substr(offset, static_cast<size_t>(nbytes));
+    const std::string sum_text = r.string(e, "checksum");
+    const auto sum = hex64(sum_text);
+    if (!sum) fail("{} has checksum '{}', not 16 lowercase hex digits", r.owner, sum_text);
+    if (detail::checksum64(raw.data(), raw.size()) != *sum) {
+      fail("{}: its {} bytes do not match its checksum (corrupt data)", r.owner, raw.size());
+    }
+    offset += static_cast<uint64_t>(nbytes);
+    if (kind == "dtensor") {
+      tensor::DTensorSpec spec = read_spec(r, e, shape, dtype, meshes);
+      at::Tensor local = at::empty(shape, at::TensorOptions().dtype(dtype));
+      if (nbytes > 0) std::memcpy(local.data_ptr(), raw.data(), raw.size());
+      try {
+        out.set(key, tensor::DTensor(std::move(local), std::move(spec)));
+      } catch (const std::exception& err) {
+        fail("{}: {}", r.owner, err.what());
+      }
+    } else {
+      at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
+      if (nbytes > 0) std::memcpy(t.data_ptr(), raw.data(), raw.size());
+      out.set(key, std::move(t));
+    }
+  }
+  if (offset != data.size()) {
+    fail("the entries' tensors end at byte {} of the {}-byte data section (bytes no entry owns)", offset, data.size());
+  }
+  return out;
 }
 
 }  // namespace tdc::checkpoint
