@@ -18,7 +18,10 @@
 //    under the test's temp dir.
 //  * FSDP1's `FSDP.state_dict_type(model, type)` context is the guard
 //    FullyShardedDataParallel::state_dict_type returns.
+//  * Inputs (torch.randn, the same on every rank in PyTorch, which seeds every rank alike) come
+//    from a generator of their own seeded 0: the same on every rank under every launcher.
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/optim/adamw.h>
 
@@ -84,6 +87,14 @@ tp::ParallelizePlan mlp_tp_plan(bool use_local_output = true, int first = 0) {
   return plan;
 }
 
+// torch.randn(shape, device=...): the same numbers on every rank (PyTorch seeds every rank alike and
+// does not re-seed); a generator of its own gives that under every launcher (thread-launched
+// ranks share the global one).
+at::Tensor randn_on_every_rank(std::vector<int64_t> shape) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+  return at::randn(shape, gen).to(fixtures::device());
+}
+
 void train_step(nn::Module& model, torch::optim::Optimizer& optim, const at::Tensor& inp) {
   model(inp).sum().backward();
   optim.step();
@@ -134,7 +145,7 @@ void _test_1d_fsdp_get_model_state_dict(int64_t mlp_dim) {
   // the sharded DTensors.
   nn::ModulePtr model2 = base_model->deep_copy();
   shard_children_and_root(*model2, {.reshard_after_forward = false});
-  (*model2)(at::randn({2, mlp_dim}).to(fixtures::device()));
+  (*model2)(randn_on_every_rank({2, mlp_dim}));
   StateDict osd2 = checkpoint::module_state_dict(*model2);
   StateDict dsd2 = checkpoint::get_model_state_dict(*model2);
   ASSERT_TRUE(state_dicts_equal(osd2, dsd2));
@@ -185,7 +196,7 @@ void _test_save_with_fsdp1_and_load_with_fsdp2(const std::string& state_dict_typ
   base_model->to(fixtures::device());
   auto fsdp1_model = fsdp1_always_wrap(base_model);
   torch::optim::AdamW fsdp1_optim(fsdp1_model->params(), torch::optim::AdamWOptions(0.1));
-  train_step(*fsdp1_model, fsdp1_optim, at::randn({2}).to(fixtures::device()));
+  train_step(*fsdp1_model, fsdp1_optim, randn_on_every_rank({2}));
   {
     auto guard = FSDP::state_dict_type(*fsdp1_model, type);
     dcp_save(
@@ -237,7 +248,7 @@ TDC_DIST_TEST(TestFullyShardWithDistributedStateDict, test_save_with_fsdp1_and_l
   torch::optim::AdamW base_optim(base_model->params(), torch::optim::AdamWOptions(0.1));
   auto fsdp1_model = fsdp1_always_wrap(base_model->deep_copy(), global_mesh);
   torch::optim::AdamW fsdp1_optim(fsdp1_model->params(), torch::optim::AdamWOptions(0.1));
-  const at::Tensor inp = at::randn({2}).to(fixtures::device());
+  const at::Tensor inp = randn_on_every_rank({2});
   train_step(*base_model, base_optim, inp);
   train_step(*fsdp1_model, fsdp1_optim, inp);
 
@@ -283,7 +294,7 @@ TDC_DIST_TEST(TestFullyShardWithDistributedStateDict, test_save_with_tp_and_load
   nn::ModulePtr tp_model = base_model->deep_copy();
   tp::parallelize_module(*tp_model, global_mesh_1d, tp_parallelize_plan);
   torch::optim::AdamW tp_optim(tp_model->params(), torch::optim::AdamWOptions(0.1));
-  const at::Tensor inp = at::randn({2}).to(fixtures::device());
+  const at::Tensor inp = randn_on_every_rank({2});
   train_step(*base_model, base_optim, inp);
   train_step(*tp_model, tp_optim, inp);
 
@@ -333,7 +344,7 @@ void _test_save_with_fsdp2_tp_and_load_with_tp(bool allow_implicit_replication) 
     tp::parallelize_module(*fsdp2_tp_model, global_mesh_2d["tp"], tp_parallelize_plan);
     shard_children_and_root(*fsdp2_tp_model, {.mesh = global_mesh_2d["dp"]});
     torch::optim::AdamW fsdp2_tp_optim(fsdp2_tp_model->params(), torch::optim::AdamWOptions(0.1));
-    const at::Tensor inp = at::randn({mlp_dim}).to(fixtures::device());
+    const at::Tensor inp = randn_on_every_rank({mlp_dim});
     train_step(*base_model, base_optim, inp);
     train_step(*fsdp2_tp_model, fsdp2_tp_optim, inp);
 
