@@ -9,6 +9,10 @@
 //   fsdp:     fully_shard on "0", "1", "2", then the root (1-D mesh over the world);
 //   fsdp_tp:  2-D mesh (2, ws/2) ("dp", "tp"): in_proj ColwiseParallel and out_proj RowwiseParallel
 //             of the MLPs "0", "1.0", "2" on "tp", then fully_shard as fsdp on "dp";
+//   fsdp1, fsdp1_orig (tdc only): FSDP1, FullyShardedDataParallel(FULL_SHARD over the world, an
+//             MLP-wrap policy), use_orig_params false / true;
+//   fsdp1_tp (tdc only): TP as fsdp_tp, then FullyShardedDataParallel(device_mesh = mesh["dp"],
+//             use_orig_params = true, the MLP-wrap policy) -- FSDP1's DTensor extension;
 // and take one Adam(lr=0.01) step on model(x).sum() so that the optimizer has state. A checkpoint
 // CKPT holds CKPT/model (the model state dict) and CKPT/optim (the optimizer state dict: tdc saves
 // all of it, its param_groups go to tdc's manifest, which PyTorch's reader must ignore; PyTorch
@@ -42,6 +46,7 @@
 #include "tdc/device_mesh.h"
 #include "tdc/fixtures/models.h"
 #include "tdc/fsdp/fully_shard.h"
+#include "tdc/fsdp1/fully_sharded_data_parallel.h"
 #include "tdc/harness/harness.h"
 #include "tdc/nn/layers.h"
 #include "tdc/tp/parallelize.h"
@@ -70,9 +75,13 @@ nn::ModulePtr build_model(const std::string& layout, uint64_t seed) {
   conformance::sync_from_rank0(*model);  // thread-launched ranks share one generator
   const int ws = ctx().world_size;
   DeviceMesh dp_mesh;
+  if (layout == "fsdp1" || layout == "fsdp1_orig") {
+    return fsdp1::FullyShardedDataParallel::make(
+        model, {.auto_wrap_policy = fsdp1::ModuleWrapPolicy({"MLP"}), .use_orig_params = layout == "fsdp1_orig"});
+  }
   if (layout == "fsdp") {
     dp_mesh = init_device_mesh("cpu", {ws});
-  } else {  // fsdp_tp
+  } else {  // fsdp_tp, fsdp1_tp
     DeviceMesh mesh = init_device_mesh("cpu", {2, ws / 2}, {"dp", "tp"});
     tp::ParallelizePlan plan;
     for (const char* m : {"0", "1.0", "2"}) {
@@ -81,6 +90,10 @@ nn::ModulePtr build_model(const std::string& layout, uint64_t seed) {
     }
     tp::parallelize_module(*model, mesh["tp"], plan);
     dp_mesh = mesh["dp"];
+  }
+  if (layout == "fsdp1_tp") {
+    return fsdp1::FullyShardedDataParallel::make(
+        model, {.device_mesh = dp_mesh, .auto_wrap_policy = fsdp1::ModuleWrapPolicy({"MLP"}), .use_orig_params = true});
   }
   for (auto& [name, child] : model->named_children_tdc()) fsdp::fully_shard(*child, {.mesh = dp_mesh});
   fsdp::fully_shard(*model, {.mesh = dp_mesh});
@@ -195,6 +208,14 @@ void tdc_saves_pytorch_loads(const std::string& layout, const std::string& py_la
 
   auto [msd, osd] = checkpoint::get_state_dict(*model, *optim);
   ASSERT_TRUE(osd.contains("param_groups"));  // saved too: tdc's manifest, ignored by PyTorch
+  // The sharded form: parameters and their optimizer state are DTensors (FSDP1: its sharded
+  // state-dict layout), on the 2-D mesh when TP is in the layout.
+  for (const std::string key : {"0.in_proj.weight", "1.1.bias"}) {  // an MLP's and the root unit's
+    ASSERT_TRUE(std::holds_alternative<tensor::DTensor>(msd.at(key))) << key;
+    ASSERT_TRUE(std::holds_alternative<tensor::DTensor>(osd.at("state." + key + ".exp_avg"))) << key;
+  }
+  const bool tp = layout.ends_with("_tp");
+  EXPECT_EQ(checkpoint::as_dtensor(msd, "0.in_proj.weight").device_mesh().ndim(), tp ? 2 : 1);
   checkpoint::save(msd, (ckpt / "model").string());
   checkpoint::save(osd, (ckpt / "optim").string());
 
@@ -210,6 +231,18 @@ TDC_DIST_SUITE(TdcToPyTorch, .world_size = 4, .timeout_s = 300);
 TDC_DIST_TEST(TdcToPyTorch, SavedOnWs4TpFsdpLoadsInPyTorchWs2Fsdp) { tdc_saves_pytorch_loads("fsdp_tp", "fsdp", 2); }
 
 TDC_DIST_TEST(TdcToPyTorch, SavedOnWs4TpFsdpLoadsInPyTorchWs1Plain) { tdc_saves_pytorch_loads("fsdp_tp", "plain", 1); }
+
+// FSDP1-saved checkpoints (sharded state dicts of FullyShardedDataParallel models) load into
+// PyTorch's plain model and Adam: values equal to tdc's full state dict.
+TDC_DIST_TEST(TdcToPyTorch, Fsdp1SavedOnWs4LoadsInPyTorchWs1Plain) { tdc_saves_pytorch_loads("fsdp1", "plain", 1); }
+
+TDC_DIST_TEST(TdcToPyTorch, Fsdp1OrigParamsSavedOnWs4LoadsInPyTorchWs1Plain) {
+  tdc_saves_pytorch_loads("fsdp1_orig", "plain", 1);
+}
+
+TDC_DIST_TEST(TdcToPyTorch, Fsdp1OverTpSavedOnWs4LoadsInPyTorchWs1Plain) {
+  tdc_saves_pytorch_loads("fsdp1_tp", "plain", 1);
+}
 
 // ------------------------------------------------------------------ PyTorch saves, tdc loads
 
