@@ -18,6 +18,7 @@
 #include "tdc/fsdp1/fully_sharded_data_parallel.h"
 #include "tdc/harness/harness.h"
 #include "tdc/harness/subtests.h"
+#include "tdc/nn/checkpoint.h"
 #include "tdc/tp/parallelize.h"
 
 namespace {
@@ -137,7 +138,7 @@ TDC_DIST_TEST(FSDP1StateDict, OptimizerStateEqualsUnwrapped, .world_size = 4, .t
           const at::Tensor got = std::holds_alternative<tensor::DTensor>(v) ? std::get<tensor::DTensor>(v).full_tensor()
                                                                             : std::get<at::Tensor>(v);
           EXPECT_TRUE(at::allclose(got, checkpoint::as_tensor(ref_osd, key), 1e-5, 1e-6))
-                            << key << " got " << got << " want " << checkpoint::as_tensor(ref_osd, key);
+              << key << " got " << got << " want " << checkpoint::as_tensor(ref_osd, key);
         }
         EXPECT_EQ(std::get<nlohmann::json>(osd.at("param_groups"))[0]["params"],
                   std::get<nlohmann::json>(ref_osd.at("param_groups"))[0]["params"]);
@@ -222,6 +223,39 @@ TDC_DIST_TEST(FSDP1StateDict, LoadsIntoFsdp2, .world_size = 4, .timeout_s = 120)
                                              checkpoint::get_model_state_dict(*model, full)));
   EXPECT_TRUE(conformance::state_dicts_equal(checkpoint::get_optimizer_state_dict(*fsdp2, optim2, full),
                                              checkpoint::get_optimizer_state_dict(*model, optim, full)));
+}
+
+// FSDP1 over TP with activation recompute (nn::checkpoint on net1 and net2 inside the unit)
+// trains exactly as without it ([Note: FSDP1 and activation recompute]); with
+// use_orig_params=false tdc refuses it with a clear error.
+TDC_DIST_TEST(FSDP1StateDict, TpWithActivationRecompute, .world_size = 4, .timeout_s = 120) {
+  conformance::world();
+  const DeviceMesh mesh = mesh_2d();
+  harness::subtests(harness::Axis<bool>("use_orig_params", {false, true}), [&](bool orig) {
+    auto plain = tp_fsdp1(mesh, orig);
+    at::manual_seed(0);
+    auto inner = std::make_shared<fixtures::SimpleModel>();
+    tp::parallelize_module(*inner, mesh["tp"], {{"net1", tp::ColwiseParallel{}}, {"net2", tp::RowwiseParallel{}}});
+    for (auto& [name, child] : inner->named_children_tdc()) {
+      if (name == "net1" || name == "net2") nn::checkpoint(*child);
+    }
+    auto recomputed = FullyShardedDataParallel::make(inner, {.device_mesh = mesh["dp"], .use_orig_params = orig});
+    torch::optim::Adam o1(plain->params(), torch::optim::AdamOptions(0.01));
+    torch::optim::Adam o2(recomputed->params(), torch::optim::AdamOptions(0.01));
+    if (!orig) {
+      EXPECT_THAT(conformance::error_of([&] { adam_step(*recomputed, o2, 0); }),
+                  HasSubstr("activation recompute (nn::checkpoint) inside an FSDP1 unit needs use_orig_params=true"));
+      return;
+    }
+    for (int step = 0; step < 2; ++step) {
+      adam_step(*plain, o1, step + mesh.get_local_rank("dp"));
+      o1.zero_grad();
+      adam_step(*recomputed, o2, step + mesh.get_local_rank("dp"));
+      o2.zero_grad();
+    }
+    EXPECT_TRUE(conformance::state_dicts_equal(checkpoint::get_model_state_dict(*recomputed),
+                                               checkpoint::get_model_state_dict(*plain)));
+  });
 }
 
 // Bad input: a TP'd model under FSDP1 on a mesh that is no slice of TP's; an optimizer over other

@@ -148,6 +148,15 @@ void UnitState::cast_root_buffers() {
 
 nn::Tensors UnitState::pre_forward(nn::Tensors inputs) {
   if (!lazy_inited_) lazy_init();
+  if (handle_ && !options_.use_orig_params && at::GradMode::is_enabled() && recomputes_inside()) {
+    // The checkpoint Function learns that its output needs a gradient from the parameters it
+    // reads; with use_orig_params=false the registered originals are empty, so a first layer
+    // would get none. Refuse rather than train wrong.
+    throw std::invalid_argument(fmt::format(
+        "{}: activation recompute (nn::checkpoint) inside an FSDP1 unit needs use_orig_params=true in tdc (the "
+        "registered parameters are empty with use_orig_params=false; docs/fsdp1.md)",
+        label_));
+  }
   // FORWARD_BACKWARD too: activation checkpointing recomputes a unit's forward inside backward.
   set_training_state(TrainingState::FORWARD_BACKWARD, "forward",
                      {TrainingState::IDLE, TrainingState::FORWARD_BACKWARD});
@@ -236,12 +245,55 @@ void UnitState::pre_backward() {
                      {HandleTrainingState::IDLE, HandleTrainingState::BACKWARD_POST});
   handle_->ran_pre_backward = true;
   handle_->unshard();
+  if (recomputes_inside()) install_backward_leaves();
   if (options_.backward_prefetch == BackwardPrefetch::BACKWARD_PRE) prefetch(-1);
+}
+
+bool UnitState::recomputes_inside() const {
+  for (const auto& [fqn, m] : wrapped().named_modules_tdc()) {
+    if (m->checkpointed()) return true;
+  }
+  return false;
+}
+
+void UnitState::install_backward_leaves() {
+  backward_leaves_.clear();
+  const auto views = handle_->unsharded_views();
+  for (size_t i = 0; i < views.size(); ++i) {
+    backward_leaves_.push_back(views[i].detach().requires_grad_(handle_->slots()[i].requires_grad));
+  }
+  handle_->install_substitutes(backward_leaves_);
 }
 
 void UnitState::post_backward(const std::vector<at::Tensor>& grads) {
   handle_->set_state(HandleTrainingState::BACKWARD_POST, "post-backward",
                      {HandleTrainingState::BACKWARD_PRE, HandleTrainingState::IDLE});
+  if (!backward_leaves_.empty()) {
+    deferred_grads_ = grads;  // [Note: FSDP1 and activation recompute]
+    return;
+  }
+  reduce_grads(grads);
+}
+
+void UnitState::finish_deferred_backward() {
+  std::vector<at::Tensor> grads = deferred_grads_;
+  grads.resize(backward_leaves_.size());
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const at::Tensor& g = backward_leaves_[i].grad();
+    if (!g.defined()) continue;
+    grads[i] = grads[i].defined() ? grads[i] + g : g;
+  }
+  handle_->clear_substitutes();
+  backward_leaves_.clear();
+  deferred_grads_.clear();
+  if (handle_->state() == HandleTrainingState::BACKWARD_PRE) {
+    handle_->set_state(HandleTrainingState::BACKWARD_POST, "post-backward (deferred)",
+                       {HandleTrainingState::BACKWARD_PRE});
+  }
+  reduce_grads(grads);
+}
+
+void UnitState::reduce_grads(const std::vector<at::Tensor>& grads) {
   at::Tensor flat_grad = handle_->flatten_grads(grads);
   if (sync_gradients) {
     handle_->reduce_and_accumulate(std::move(flat_grad));
@@ -279,6 +331,9 @@ void UnitState::prefetch(int direction) {
 // every unit is resharded (units whose backward did not run included) and returns to IDLE.
 void UnitState::root_end_of_backward() {
   end_of_backward_queued_ = false;
+  for (UnitState* s : tree_) {
+    if (s->handle_ && !s->backward_leaves_.empty()) s->finish_deferred_backward();
+  }
   for (UnitState* s : tree_) {
     if (s->handle_) {
       auto* h = s->handle_.get();

@@ -52,6 +52,19 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   void apply_unshard_node();
   void prefetch(int direction);  // +1: next in forward order, -1: the one whose backward is next
   void root_end_of_backward();
+  // [Note: FSDP1 and activation recompute]
+  // A module checkpointed inside the unit (nn::checkpoint) reruns its forward during backward, in
+  // a nested backward that autograd may order after the unit's post-backward node. So such a unit
+  // installs leaf views of its unsharded vector as the parameters at pre-backward (the recompute
+  // reads them and its gradients accumulate in their .grad), keeps the unsharded vector, and
+  // reduces once, at the root's end of backward: the post-backward node's gradients plus the
+  // leaves'. Reduction is linear, so the result equals the unrecomputed one.
+  bool recomputes_inside() const;
+  void install_backward_leaves();
+  void finish_deferred_backward();
+  void reduce_grads(const std::vector<at::Tensor>& grads);
+  std::vector<at::Tensor> backward_leaves_;
+  std::vector<at::Tensor> deferred_grads_;
   // PyTorch's _reshard(state, handle, free): the reshard step after forward and after backward,
   // which frees the unsharded vector only when `free` (the before_reshard observer sees each step).
   void reshard(bool free);

@@ -160,9 +160,14 @@ namespace detail {
 
 Tensors checkpointed_call(Module& module, Tensors inputs) {
   if (!at::GradMode::is_enabled()) return module.call_uncheckpointed(std::move(inputs));
+  // What forward reads: substitutes where installed (FSDP1's unsharded views; a registered
+  // parameter may even be empty then), else the registered parameters.
   variable_list params;
-  for (auto& t : module.params()) {
-    if (t.requires_grad()) params.push_back(t);
+  for (const auto& [prefix, m] : module.named_modules_tdc()) {
+    for (const auto& item : m->named_parameters(/*recurse=*/false)) {
+      const at::Tensor& t = m->has_param_substitute(item.key()) ? m->p(item.key()) : item.value();
+      if (t.defined() && t.requires_grad()) params.push_back(t);
+    }
   }
   return CheckpointFunction::apply(&module, at::TensorList(inputs), at::TensorList(params));
 }
