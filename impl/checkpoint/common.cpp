@@ -2,6 +2,7 @@
 #include "common.h"
 
 #include <algorithm>
+#include <set>
 #include <stdexcept>
 
 #include <ATen/ATen.h>
@@ -160,6 +161,42 @@ void agree(const std::string& what, const std::optional<std::string>& error, con
                       what, all[0].substr(1, 300), r, all[r].substr(1, 300)));
     }
   }
+}
+
+nlohmann::json parse_strict_json(std::string_view text, int max_depth, const std::string& where,
+                                 const std::string& what) {
+  using json = nlohmann::json;
+  auto fail = [&](const std::string& problem) {
+    throw CheckpointError(fmt::format("{}: {} {}", where, what, problem));
+  };
+  std::vector<std::set<std::string>> objects;
+  json::parser_callback_t on_event = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth > max_depth) fail(fmt::format("nests deeper than {} levels", max_depth));
+    if (event == json::parse_event_t::object_start) objects.emplace_back();
+    if (event == json::parse_event_t::object_end && !objects.empty()) objects.pop_back();
+    if (event == json::parse_event_t::key && !objects.empty() &&
+        !objects.back().insert(parsed.get<std::string>()).second) {
+      fail(fmt::format("has the key '{}' twice in one object", parsed.get<std::string>()));
+    }
+    return true;
+  };
+  try {
+    return json::parse(text.begin(), text.end(), on_event, /*allow_exceptions=*/true, /*ignore_comments=*/false);
+  } catch (const json::exception& e) {
+    fail(fmt::format("is not valid JSON: {}", e.what()));
+  }
+  return {};
+}
+
+std::optional<uint64_t> parse_hex64(const std::string& s) {
+  if (s.size() != 16) return std::nullopt;
+  uint64_t v = 0;
+  for (char c : s) {
+    const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (digit < 0) return std::nullopt;
+    v = (v << 4) | static_cast<uint64_t>(digit);
+  }
+  return v;
 }
 
 }  // namespace tdc::checkpoint::detail

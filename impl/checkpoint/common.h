@@ -6,9 +6,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
 
 #include "tdc/checkpoint/state_dict.h"
 #include "tdc/comm/process_group.h"
@@ -40,6 +42,15 @@ std::optional<Range> intersect(const std::vector<int64_t>& a_off, const std::vec
                                const std::vector<int64_t>& b_off, const std::vector<int64_t>& b_size);
 
 std::string shape_str(const std::vector<int64_t>& shape);
+
+// Strict JSON (nlohmann's default: UTF-8 checked, no comments, no trailing commas) nesting at
+// most `max_depth` levels and refusing an object with a key twice (json::parse would keep the last
+// silently). Throws CheckpointError "<where>: <what> is not valid JSON: ..." / "... nests deeper
+// than N levels" / "... has the key 'k' twice in one object".
+nlohmann::json parse_strict_json(std::string_view text, int max_depth, const std::string& where,
+                                 const std::string& what);
+// A checksum as headers print it (16 lowercase hex digits), or nullopt.
+std::optional<uint64_t> parse_hex64(const std::string& s);
 std::string kind_name(const Value& value);  // "tensor", "DTensor (Shard(0)) on mesh ...", "JSON"
 
 // The full form of a sharded state dict (full_state_dict): DTensors gathered (a collective per

@@ -3,6 +3,7 @@
 #include "tdc/checkpoint/detail/safetensors.h"
 
 #include "checksum.h"
+#include "common.h"
 
 #include <algorithm>
 #include <bit>
@@ -135,36 +136,8 @@ size_t pread_all(int fd, void* buf, size_t bytes, uint64_t offset, const std::st
 // Deeper than safetensors' structure ever goes; bounds the parser's and dump()'s recursion.
 constexpr int kMaxJsonDepth = 16;
 
-// Strict JSON (nlohmann's default: no comments, no trailing commas, UTF-8 checked in strings)
-// that also rejects duplicate keys in any object, which json::parse would resolve silently by
-// keeping the last one.
 json parse_strict(std::string_view text, const std::string& path, const std::string& what) {
-  std::vector<std::set<std::string>> open_objects;
-  json::parser_callback_t on_event = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (depth > kMaxJsonDepth) fail(path, "{} nests deeper than {} levels", what, kMaxJsonDepth);
-    switch (event) {
-      case json::parse_event_t::object_start:
-        open_objects.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-        if (!open_objects.empty()) open_objects.pop_back();
-        break;
-      case json::parse_event_t::key:
-        if (!open_objects.empty() && !open_objects.back().insert(parsed.get<std::string>()).second) {
-          fail(path, "{} has the key '{}' twice{}", what, parsed.get<std::string>(),
-               depth == 1 ? "" : " in one object");
-        }
-        break;
-      default:
-        break;
-    }
-    return true;
-  };
-  try {
-    return json::parse(text.begin(), text.end(), on_event, /*allow_exceptions=*/true, /*ignore_comments=*/false);
-  } catch (const json::exception& e) {
-    fail(path, "{} is not valid JSON: {}", what, e.what());
-  }
+  return parse_strict_json(text, kMaxJsonDepth, fmt::format("checkpoint file '{}'", path), what);
 }
 
 // An integer >= 0 that fits int64, or nullopt (negative, fractional, too large, not a number).
@@ -203,17 +176,6 @@ std::optional<int64_t> checked_numel(const std::vector<int64_t>& shape) {
     if (__builtin_mul_overflow(n, d, &n)) return std::nullopt;
   }
   return n;
-}
-
-std::optional<uint64_t> parse_hex64(const std::string& s) {
-  if (s.size() != 16) return std::nullopt;
-  uint64_t v = 0;
-  for (char c : s) {
-    int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-    if (digit < 0) return std::nullopt;
-    v = (v << 4) | static_cast<uint64_t>(digit);
-  }
-  return v;
 }
 
 // ------------------------------------------------------------------ read_header's parts

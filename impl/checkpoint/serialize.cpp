@@ -101,25 +101,8 @@ std::string shown(const json& v) {
   return s.size() > 80 ? s.substr(0, 80) + "..." : s;
 }
 
-// Strict JSON (UTF-8 checked, no comments) with a nesting bound, refusing an object that has a
-// key twice (json::parse would keep one silently).
 json parse_header(std::string_view text) {
-  std::vector<std::set<std::string>> objects;
-  json::parser_callback_t on_event = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (depth > kMaxDepth) fail("the header nests deeper than {} levels", kMaxDepth);
-    if (event == json::parse_event_t::object_start) objects.emplace_back();
-    if (event == json::parse_event_t::object_end && !objects.empty()) objects.pop_back();
-    if (event == json::parse_event_t::key && !objects.empty() &&
-        !objects.back().insert(parsed.get<std::string>()).second) {
-      fail("the header has the key '{}' twice in one object", parsed.get<std::string>());
-    }
-    return true;
-  };
-  try {
-    return json::parse(text.begin(), text.end(), on_event, /*allow_exceptions=*/true, /*ignore_comments=*/false);
-  } catch (const json::exception& e) {
-    fail("the header is not valid JSON: {}", e.what());
-  }
+  return detail::parse_strict_json(text, kMaxDepth, "from_bytes", "the header");
 }
 
 // Field access that names the owner ("entry 2 ('w')", "the header") in its errors.
@@ -178,17 +161,6 @@ struct Reader {
     return s;
   }
 };
-
-std::optional<uint64_t> hex64(const std::string& s) {
-  if (s.size() != 16) return std::nullopt;
-  uint64_t v = 0;
-  for (char c : s) {
-    const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-    if (digit < 0) return std::nullopt;
-    v = (v << 4) | static_cast<uint64_t>(digit);
-  }
-  return v;
-}
 
 // The recorded mesh as DeviceMesh::to_string shows one.
 struct RecordedMesh {
@@ -466,7 +438,7 @@ StateDict from_bytes(std::string_view bytes, const std::vector<DeviceMesh>& mesh
     }
     const std::string_view raw = data.substr(offset, static_cast<size_t>(nbytes));
     const std::string sum_text = r.string(e, "checksum");
-    const auto sum = hex64(sum_text);
+    const auto sum = detail::parse_hex64(sum_text);
     if (!sum) fail("{} has checksum '{}', not 16 lowercase hex digits", r.owner, sum_text);
     if (detail::checksum64(raw.data(), raw.size()) != *sum) {
       fail("{}: its {} bytes do not match its checksum (corrupt data)", r.owner, raw.size());
