@@ -176,7 +176,7 @@ std::vector<std::pair<std::string, at::Tensor>> summoned_params(nn::Module& m) {
 }
 
 // _compare_params(m1, m2): inside summon_full_params of both, zip the named parameters; names
-// that differ must contain one another; net2.bias is skipped on ranks other than 0.
+// that differ: m1's must be part of m2's; net2.bias is skipped on ranks other than 0.
 void _compare_params(nn::Module& m1, nn::Module& m2, const std::string& when) {
   std::vector<std::pair<std::string, at::Tensor>> p1, p2;
   {
