@@ -86,16 +86,15 @@ checkpoint::Value full_entry(const ParamSlot& slot, const at::Tensor& value) {
   return copy;
 }
 
+at::Tensor global_tensor(const checkpoint::Value& value, const std::string& key, const std::string& who) {
+  if (const auto* d = std::get_if<tensor::DTensor>(&value)) return d->full_tensor();
+  if (const auto* t = std::get_if<at::Tensor>(&value)) return *t;
+  throw checkpoint::CheckpointError(fmt::format("{}: '{}' holds JSON, not a tensor", who, key));
+}
+
 at::Tensor slot_value(const checkpoint::Value& value, const ParamSlot& slot, const std::string& key,
                       const std::string& who) {
-  at::Tensor full;
-  if (const auto* d = std::get_if<tensor::DTensor>(&value)) {
-    full = d->full_tensor();
-  } else if (const auto* t = std::get_if<at::Tensor>(&value)) {
-    full = *t;
-  } else {
-    throw checkpoint::CheckpointError(fmt::format("{}: '{}' holds JSON, not a tensor", who, key));
-  }
+  const at::Tensor full = global_tensor(value, key, who);
   const std::vector<int64_t> want = slot.tp_spec ? slot.tp_spec->shape : slot.shape;
   if (full.sizes().vec() != want) {
     throw checkpoint::CheckpointError(fmt::format("{}: '{}' has shape [{}] but the parameter's is [{}]", who, key,

@@ -18,6 +18,9 @@ namespace tdc::fsdp1::detail {
 tensor::DTensor sharded_entry(FullyShardedDataParallel& unit, const ParamSlot& slot, const at::Tensor& value);
 // The FULL_STATE_DICT entry: a copy of `value`; a TP slot stays TP's DTensor (as PyTorch's FSDP1).
 checkpoint::Value full_entry(const ParamSlot& slot, const at::Tensor& value);
+// A state-dict value as its whole (global) tensor: a DTensor gathered (collective), a tensor as is.
+// JSON is CheckpointError "<who>: '<key>' holds JSON, not a tensor".
+at::Tensor global_tensor(const checkpoint::Value& value, const std::string& key, const std::string& who);
 // The inverse of both: any state-dict value for `slot` (a full tensor, a DTensor on any mesh) as
 // the slot's value on this rank (TP's local shard for a TP slot). Throws CheckpointError
 // "<who>: '<key>' ..." when its global shape is not the parameter's. Collective for DTensors.

@@ -130,15 +130,7 @@ void check_keys(const std::vector<std::pair<std::string, at::Tensor>>& expected,
 
 // The value of an unmanaged tensor (a buffer, an ignored parameter): full, same shape.
 at::Tensor plain_value(const checkpoint::StateDict& sd, const std::string& key, const at::Tensor& target) {
-  const checkpoint::Value& v = sd.at(key);
-  at::Tensor t;
-  if (auto* d = std::get_if<tensor::DTensor>(&v)) {
-    t = d->full_tensor();
-  } else if (auto* x = std::get_if<at::Tensor>(&v)) {
-    t = *x;
-  } else {
-    load_error(fmt::format("'{}' holds JSON, not a tensor", key));
-  }
+  const at::Tensor t = detail::global_tensor(sd.at(key), key, "FullyShardedDataParallel::load_state_dict");
   if (t.sizes() != target.sizes()) {
     load_error(fmt::format("'{}' has shape {} but the model's is {}", key, fmt::format("{}", t.sizes()),
                            fmt::format("{}", target.sizes())));
