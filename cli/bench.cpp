@@ -40,8 +40,8 @@ const std::vector<OptionSpec> kBenchOptions = {
      "fsdp's, fsdp1's and pipelining's figures are medians over rounds (default 3), checkpoint's the best "
      "(default 2)"},
     {"python", "PY",
-     "fsdp, fsdp1, checkpoint, pipelining: the python with torch 2.13 and matplotlib (checkpoint: and "
-     "safetensors) (default $TDC_VENV/bin/python, else SOURCE/.venv/bin/python)"},
+     "fsdp, fsdp1, checkpoint, pipelining: the oracle python, with torch and matplotlib (checkpoint: and "
+     "safetensors) (default $TDC_PYTHON, else the build's python, else SOURCE/.venv/bin/python)"},
     {"mb", "MB", "checkpoint: MB (10^6 bytes) of float32 tensor data in the state dict (default 256)"},
     {"dir", "DIR",
      "checkpoint: where the checkpoints and dd's files go (temp dirs under DIR; default: the "
@@ -352,14 +352,7 @@ ojson combine_rounds(const std::vector<ojson>& rounds) {
 PythonSide python_side(const ParsedArgs& a, const fs::path& build, const std::string& name,
                        const std::string& program) {
   fs::path source = resolve_source_dir(build);
-  fs::path python;
-  if (auto p = a.get("python")) {
-    python = *p;
-  } else if (const char* env = std::getenv("TDC_VENV"); env && *env) {
-    python = fs::path(env) / "bin" / "python";
-  } else if (!source.empty()) {
-    python = source / ".venv" / "bin" / "python";
-  }
+  fs::path python = resolve_oracle_python(a.get("python"), build, source);
   if (python.empty() || ::access(python.c_str(), X_OK) != 0)
     throw UsageError(
         fmt::format("bench {}: no python for the PyTorch side{}: run ./tdc setup (it creates .venv with torch "

@@ -34,7 +34,7 @@ double number_in(const nlohmann::ordered_json& j, const std::filesystem::path& f
 double median_of(std::vector<double> v);
 
 // What a benchmark with a PyTorch side needs, checked before the (long) tdc run: the venv's python
-// (--python, else $TDC_VENV/bin/python, else SOURCE/.venv/bin/python) and the two scripts
+// (resolve_oracle_python: --python, else $TDC_PYTHON, else the build's) and the two scripts
 // bench/pytorch/<name>_pytorch.py and <name>_plot.py. Throws UsageError naming what is missing.
 struct PythonSide {
   std::filesystem::path python, runner, plotter;

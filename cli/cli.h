@@ -51,6 +51,12 @@ int parse_positive_int(const std::string& command, const std::string& option, co
 std::filesystem::path resolve_build_dir(const std::optional<std::string>& flag);
 // The source directory: $TDC_ROOT, else the build's CMakeCache.txt (tdc_SOURCE_DIR); may be empty.
 std::filesystem::path resolve_source_dir(const std::filesystem::path& build_dir);
+// The oracle: the python whose PyTorch the PyTorch side of parity and benchmarks runs on. --python,
+// else $TDC_PYTHON (./tdc sets it: the venv of TDC_TORCH, or the interpreter of TDC_TORCH_PREFIX),
+// else the python the build was configured with (CMakeCache TDC_PYTHON), else SOURCE/.venv.
+std::filesystem::path resolve_oracle_python(const std::optional<std::string>& flag,
+                                            const std::filesystem::path& build_dir,
+                                            const std::filesystem::path& source_dir);
 
 // Last `lines` lines of a file ("" if unreadable).
 std::string file_tail(const std::filesystem::path& p, int lines);
@@ -64,5 +70,6 @@ int bench_command(const std::vector<std::string>& args);
 int parity_command(const std::vector<std::string>& args);  // parity.cpp
 int report_command(const std::vector<std::string>& args);  // cli/report/report_command.cpp
 int mutate_command(const std::vector<std::string>& args);  // cli/mutate/mutate.cpp
+int compat_command(const std::vector<std::string>& args);  // compat.cpp
 
 }  // namespace tdc::cli

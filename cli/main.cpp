@@ -126,6 +126,18 @@ fs::path resolve_source_dir(const fs::path& build_dir) {
   return {};
 }
 
+fs::path resolve_oracle_python(const std::optional<std::string>& flag, const fs::path& build_dir,
+                               const fs::path& source_dir) {
+  if (flag) return *flag;
+  if (const char* env = std::getenv("TDC_PYTHON"); env && *env) return env;
+  std::ifstream cache(build_dir / "CMakeCache.txt");
+  std::string line;
+  const std::string key = "TDC_PYTHON:FILEPATH=";
+  while (std::getline(cache, line))
+    if (line.rfind(key, 0) == 0 && line.size() > key.size()) return line.substr(key.size());
+  return source_dir.empty() ? fs::path() : source_dir / ".venv" / "bin" / "python";
+}
+
 // ------------------------------------------------------------------ text helpers
 
 std::string file_tail(const fs::path& p, int lines) {
@@ -230,8 +242,19 @@ Commands:
   mutate   the mutation score: each mutant of conformance/mutants.json (a realistic bug in
            libtdc) built as an alternative implementation and run through the suite; killed
            or survived per mutant, OUT/mutation.json and OUT/mutation.md
+  compat   the LibTorch version x suite matrix: 'tdc compat --torch 2.11.0,2.14.1' builds tdc
+           against each release (TDC_TORCH=V: its own venv and build dir) and runs the unit,
+           interop, seed and parity suites with that release as the oracle; OUT/compat.md,
+           OUT/report.html (a column per release), --doc docs/compat.md
   help     'tdc help COMMAND' shows a command's options
   build    (the ./tdc script) install what is missing and build; run nothing
+
+Which LibTorch (the ./tdc script; docs/compat.md):
+  default                  torch 2.13.0's CPU wheel (.venv, build/)
+  TDC_TORCH=2.14.1         a supported release from PyPI (2.11.0, 2.12.1, 2.13.0, 2.14.1) in
+                           .venv-2.14.1 and build-2.14.1/, side by side: switching costs nothing
+  TDC_TORCH_PREFIX=DIR     an installed PyTorch (DIR = site-packages/torch, e.g. a CUDA build);
+                           the oracle is the python that imports it (TDC_PYTHON to name it)
 
 Options:
   -h, --help     show this help
@@ -271,8 +294,9 @@ int main(int argc, char** argv) {
     if (command == "parity") return parity_command(rest);
     if (command == "report") return report_command(rest);
     if (command == "mutate") return mutate_command(rest);
+    if (command == "compat") return compat_command(rest);
     throw UsageError(
-        fmt::format("unknown command '{}' (commands: run, test, bench, report, parity, mutate, help)", command));
+        fmt::format("unknown command '{}' (commands: run, test, bench, report, parity, mutate, compat, help)", command));
   } catch (const UsageError& e) {
     fmt::print(stderr, "tdc: error: {}\n", e.what());
     return kExitUsage;

@@ -47,7 +47,8 @@ const std::vector<OptionSpec> kParityOptions = {
     {"scenarios", "DIR", "the scenario files (default SOURCE/fixtures/scenarios)"},
     {"build-dir", "DIR", "build directory with tdc_parity_runner (default $TDC_BUILD)"},
     {"python", "PY",
-     "the python with torch 2.13 and safetensors (default $TDC_VENV/bin/python, else SOURCE/.venv/bin/python)"},
+     "the oracle python, with torch and safetensors (default $TDC_PYTHON, else the build's python, else "
+     "SOURCE/.venv/bin/python)"},
 };
 
 constexpr const char* kParityUsage =
@@ -72,13 +73,7 @@ Paths resolve_paths(const ParsedArgs& a) {
   p.build = resolve_build_dir(a.get("build-dir"));
   p.source = resolve_source_dir(p.build);
   if (p.source.empty()) throw UsageError("parity: cannot find the source directory: set TDC_ROOT");
-  if (auto py = a.get("python")) {
-    p.python = *py;
-  } else if (const char* env = std::getenv("TDC_VENV"); env && *env) {
-    p.python = fs::path(env) / "bin" / "python";
-  } else {
-    p.python = p.source / ".venv" / "bin" / "python";
-  }
+  p.python = resolve_oracle_python(a.get("python"), p.build, p.source);
   if (::access(p.python.c_str(), X_OK) != 0)
     throw UsageError(
         fmt::format("parity: no python for the PyTorch side ('{}' is not an executable): run ./tdc "

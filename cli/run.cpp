@@ -477,14 +477,18 @@ std::string git_revision(const fs::path& root) {
   return "unknown";
 }
 
-std::string torch_version(const fs::path& build) {
+// What the build says of its LibTorch (tdc_build_info.json, cmake/TdcTargets.cmake); empty
+// fields when the file is missing or unreadable.
+void fill_libtorch_info(const fs::path& build, harness::RunInfo& info) {
   std::ifstream in(build / "tdc_build_info.json");
-  if (!in) return "";
+  if (!in) return;
   try {
     json j = json::parse(in);
-    return j.value("torch_version", std::string());
+    if (auto v = j.value("torch_version", std::string()); !v.empty()) info.libtorch_version = v;
+    info.libtorch_cuda = j.value("torch_cuda", info.libtorch_cuda);
+    info.nccl_version = j.value("nccl_version", info.nccl_version);
+    info.compiler = j.value("compiler", info.compiler);
   } catch (const std::exception&) {
-    return "";
   }
 }
 
@@ -646,6 +650,9 @@ int run_command(const std::vector<std::string>& args) {
           mi.implementation_library = ri.implementation_library;
         }
         if (mi.libtorch_version.empty()) mi.libtorch_version = ri.libtorch_version;
+        if (mi.libtorch_cuda.empty()) mi.libtorch_cuda = ri.libtorch_cuda;
+        if (mi.nccl_version.empty()) mi.nccl_version = ri.nccl_version;
+        if (mi.compiler.empty()) mi.compiler = ri.compiler;
         mi.world_size = std::max(mi.world_size, ri.world_size);
         if (!ri.backend.empty()) mi.backend = ri.backend;
         if (!ri.device.empty()) mi.device = ri.device;
@@ -675,7 +682,7 @@ int run_command(const std::vector<std::string>& args) {
     info.launcher = o.launcher;
   }
   if (auto v = a.get("implementation"); v && !from_binaries) info.implementation = *v;
-  if (std::string tv = torch_version(o.build); !tv.empty()) info.libtorch_version = tv;
+  fill_libtorch_info(o.build, info);
   info.suite_revision = revision;
   info.tdc_version = TDC_VERSION;
   info.host = harness::hostname();

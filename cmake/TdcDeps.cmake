@@ -13,6 +13,36 @@ if(NOT TDC_GLOO_INCLUDE_DIR)
   message(FATAL_ERROR "gloo headers not found: install Debian's libgloo-dev (./tdc does this)")
 endif()
 
+# What LibTorch this build is against, for results.json and the report (tdc_build_info.json):
+# its release, the CUDA it was built with (torch/version.py; empty for a CPU build), the NCCL
+# beside it (the nccl.h of PyPI's nvidia-nccl package, whose library LibTorch loads), and the
+# compiler. [Note: configuring against a CUDA LibTorch] is in ./tdc.
+set(TDC_TORCH_CUDA "")
+if(EXISTS "${TORCH_INSTALL_PREFIX}/version.py")
+  file(STRINGS "${TORCH_INSTALL_PREFIX}/version.py" _cuda_line REGEX "^cuda.*= *'[0-9.]+'")
+  if(_cuda_line MATCHES "'([0-9.]+)'")
+    set(TDC_TORCH_CUDA "${CMAKE_MATCH_1}")
+  endif()
+endif()
+set(TDC_NCCL_VERSION "")
+if(TORCH_CUDA_LIBRARIES)
+  find_path(TDC_NCCL_INCLUDE_DIR nccl.h
+    HINTS "${TORCH_INSTALL_PREFIX}/../nvidia/nccl/include" "${TORCH_INSTALL_PREFIX}/../nvidia/cu13/include"
+          "${TORCH_INSTALL_PREFIX}/include" ${CUDA_TOOLKIT_ROOT_DIR}/include /usr/include
+    DOC "nccl.h of the NCCL that LibTorch loads (PyPI: nvidia-nccl-cu*)")
+  if(TDC_NCCL_INCLUDE_DIR)
+    file(STRINGS "${TDC_NCCL_INCLUDE_DIR}/nccl.h" _nccl_defs REGEX "^#define NCCL_(MAJOR|MINOR|PATCH) ")
+    string(REGEX REPLACE ".*NCCL_MAJOR ([0-9]+).*" "\\1" _maj "${_nccl_defs}")
+    string(REGEX REPLACE ".*NCCL_MINOR ([0-9]+).*" "\\1" _min "${_nccl_defs}")
+    string(REGEX REPLACE ".*NCCL_PATCH ([0-9]+).*" "\\1" _pat "${_nccl_defs}")
+    set(TDC_NCCL_VERSION "${_maj}.${_min}.${_pat}")
+  else()
+    message(FATAL_ERROR "LibTorch is a CUDA build but nccl.h was not found beside it: set TDC_NCCL_INCLUDE_DIR")
+  endif()
+endif()
+set(TDC_COMPILER "${CMAKE_CXX_COMPILER_ID} ${CMAKE_CXX_COMPILER_VERSION}")
+message(STATUS "tdc: LibTorch ${Torch_VERSION}, CUDA '${TDC_TORCH_CUDA}', NCCL '${TDC_NCCL_VERSION}', ${TDC_COMPILER}")
+
 # yaml-cpp: only tdc_ci_recipes_test (ci/) parses YAML, the CI recipes; nothing else links it.
 find_package(yaml-cpp CONFIG QUIET)
 if(NOT yaml-cpp_FOUND)

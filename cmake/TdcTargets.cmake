@@ -45,5 +45,7 @@ function(tdc_write_build_manifests)
   string(APPEND manifest "]")
   file(GENERATE OUTPUT ${CMAKE_BINARY_DIR}/tdc_suites.json CONTENT "${manifest}\n")
   file(GENERATE OUTPUT ${CMAKE_BINARY_DIR}/tdc_build_info.json CONTENT
-    "{\"example_backend_lib\":\"$<TARGET_FILE:tdc_example_backend>\",\"torch_version\":\"${Torch_VERSION}\"}\n")
+    "{\"example_backend_lib\":\"$<TARGET_FILE:tdc_example_backend>\",\"torch_version\":\"${Torch_VERSION}\",\
+\"torch_cuda\":\"${TDC_TORCH_CUDA}\",\"nccl_version\":\"${TDC_NCCL_VERSION}\",\"compiler\":\"${TDC_COMPILER}\",\
+\"torch_prefix\":\"${TORCH_INSTALL_PREFIX}\"}\n")
 endfunction()

@@ -18,6 +18,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "report/html.h"
 #include "report/log_excerpt.h"
@@ -94,6 +95,17 @@ std::string run_title(const ReportRun& run) {
   return fmt::format("{} {} / {} / {} / {}", run.label, i.implementation, i.backend, i.device, i.launcher);
 }
 
+// "2.14.1 (CUDA 13.0, NCCL 2.30.7; GNU 12.2.0)": the LibTorch a run was built against.
+std::string libtorch_label(const harness::RunInfo& i) {
+  std::vector<std::string> parts;
+  if (!i.libtorch_cuda.empty()) parts.push_back("CUDA " + i.libtorch_cuda);
+  if (!i.nccl_version.empty()) parts.push_back("NCCL " + i.nccl_version);
+  std::string label = i.libtorch_version;
+  if (!parts.empty()) label += " (" + fmt::format("{}", fmt::join(parts, ", ")) + ")";
+  if (!i.compiler.empty()) label += "; " + i.compiler;
+  return label;
+}
+
 std::string section_runs(const ReportInput& in) {
   std::string out =
       "<section id=\"runs\"><h2>Runs</h2>\n<table id=\"runs-table\" class=\"grid\"><thead><tr><th>run</th>"
@@ -113,7 +125,7 @@ std::string section_runs(const ReportInput& in) {
         "class=\"file\"><code>{}</code></td></tr>\n",
         r, html_escape(run.label), html_escape(impl), html_escape(i.backend), html_escape(i.device),
         html_escape(i.launcher), i.world_size, html_escape(i.host), html_escape(i.started_at),
-        html_escape(i.suite_revision), html_escape(i.libtorch_version), run.results.tests.size(), html_escape(statuses),
+        html_escape(i.suite_revision), html_escape(libtorch_label(i)), run.results.tests.size(), html_escape(statuses),
         html_escape(run.results_path.string()));
   }
   return out + "</tbody></table></section>\n";

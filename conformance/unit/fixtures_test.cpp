@@ -71,7 +71,7 @@ void expect_params_and_buffers(nn::Module& m, const json& c) {
   auto bufs = m.named_bufs();
   ASSERT_EQ(bufs.size(), c["buffers"].size()) << c["name"] << ": buffers";
   for (size_t i = 0; i < bufs.size(); ++i) {
-    EXPECT_EQ(bufs[i].first, c["buffers"][i]["fqn"]) << c["name"];
+    EXPECT_EQ(bufs[i].first, c["buffers"][i]["fqn"].get<std::string>()) << c["name"];
     EXPECT_EQ(std::string(c10::toString(bufs[i].second.scalar_type())) == "Long" ? "int64" : "float32",
               c["buffers"][i]["dtype"].get<std::string>() == "int64" ? "int64" : "float32")
         << c["name"] << " buffer " << bufs[i].first;
@@ -105,7 +105,7 @@ void expect_matches_golden(nn::Module& m, const Tensors& inputs, const json& c, 
   for (const auto& [n, p] : m.named_params()) {
     if (!p.grad().defined()) continue;
     ASSERT_LT(gi, c["grads"].size()) << name << ": more grads than PyTorch";
-    EXPECT_EQ(n, c["grads"][gi]["fqn"]) << name;
+    EXPECT_EQ(n, c["grads"][gi]["fqn"].get<std::string>()) << name;
     expect_summary(p.grad(), c["grads"][gi], name + " grad " + n, rel);
     ++gi;
   }
@@ -413,7 +413,7 @@ TDC_DIST_TEST(FixturesTest, MixtureOfExpertsMatchesPyTorchAndAveragesSharedGrads
       want = &c["grads"][gi];
     } else {
       want = &avg[ai++];
-      EXPECT_EQ((*want)["fqn"], n);
+      EXPECT_EQ((*want)["fqn"].get<std::string>(), n);
     }
     expect_summary(p.grad(), *want, "after run_backward: " + n, kExact);
   }

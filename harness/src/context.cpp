@@ -1,5 +1,8 @@
 // The rank context, run settings, suite options, and running one rank's body.
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <optional>
 #include <set>
@@ -112,9 +115,41 @@ void barrier() {
   }
 }
 
-int device_count() {
+namespace {
+int cuda_device_count_here() {
   if (!at::detail::getCUDAHooks().hasCUDA()) return 0;
   return static_cast<int>(at::detail::getCUDAHooks().deviceCount());
+}
+
+// [Note: the parent never initialises CUDA]
+// Asking CUDA how many devices there are initialises its driver in the asking process, and a
+// process forked after that cannot use CUDA (ranks die or hang at their first CUDA call). The
+// parent of forked ranks therefore asks in a short-lived child of its own, once, and caches the
+// answer; rank processes and thread ranks ask directly. The fork launcher stays safe to use with
+// --tdc_device=cuda as long as nothing else in the parent touches CUDA (fixtures do not: they take
+// the device from the run, fixtures/models.h).
+int cuda_device_count_from_child() {
+  const pid_t pid = ::fork();
+  if (pid < 0) return cuda_device_count_here();  // cannot fork: ask here (no forks would follow either)
+  if (pid == 0) {
+    int n = 0;
+    try {
+      n = cuda_device_count_here();
+    } catch (...) {
+    }
+    ::_exit(n < 0 ? 0 : n > 200 ? 200 : n);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+}
+}  // namespace
+
+int device_count() {
+  if (detail::child_spec().active || internal::settings().launcher == Launcher::Thread) return cuda_device_count_here();
+  static const int parent_count = cuda_device_count_from_child();
+  return parent_count;
 }
 
 void internal::register_suite_options(const char* suite, const TestOptions& o) { suite_options()[suite] = o; }

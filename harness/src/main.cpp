@@ -1,5 +1,6 @@
 // Flags (init), the results listener, and internal::main() for harness test binaries.
 #include <fcntl.h>
+#include <cstdlib>
 #include <unistd.h>
 
 #include <ATen/Parallel.h>
@@ -174,6 +175,9 @@ class ResultsListener : public testing::EmptyTestEventListener {
     info.suite_revision = env("TDC_SUITE_REVISION").empty() ? "unknown" : env("TDC_SUITE_REVISION");
     info.tdc_version = TDC_VERSION;
     info.libtorch_version = TORCH_VERSION;
+    info.libtorch_cuda = TDC_TORCH_CUDA;
+    info.nccl_version = TDC_NCCL_VERSION;
+    info.compiler = TDC_COMPILER;
     info.host = hostname();
     info.started_at = iso_now();
     if (!s.expectations_path.empty()) expectations_ = read_expectations(s.expectations_path);
@@ -276,6 +280,10 @@ bool init(int* argc, char** argv, std::string* error) {
     if (error) *error = e.what();
     return false;
   }
+  // [Note: one source of truth for the device] The run's device and backend, published for code
+  // that cannot see the harness (fixtures/models.h reads them); ranks inherit them.
+  ::setenv("TDC_DEVICE", internal::settings().device_type.c_str(), 1);
+  ::setenv("TDC_BACKEND", internal::settings().backend.c_str(), 1);
   // The parent runs no parallel ATen work, so fork() stays safe (see libtorch-notes).
   at::set_num_threads(1);
   if (!detail::child_spec().active) detail::install_parent_signal_handlers();

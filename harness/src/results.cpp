@@ -104,6 +104,9 @@ nlohmann::json to_json(const RunResults& r) {
       {"suite_revision", i.suite_revision},
       {"tdc_version", i.tdc_version},
       {"libtorch_version", i.libtorch_version},
+      {"libtorch_cuda", i.libtorch_cuda},
+      {"nccl_version", i.nccl_version},
+      {"compiler", i.compiler},
       {"host", i.host},
       {"started_at", i.started_at},
       {"duration_s", i.duration_s},
@@ -229,6 +232,9 @@ RunResults results_from_json(const nlohmann::json& j) {
   i.suite_revision = ri.str("suite_revision", false);
   i.tdc_version = ri.str("tdc_version", false);
   i.libtorch_version = ri.str("libtorch_version", false);
+  i.libtorch_cuda = ri.str("libtorch_cuda", false);
+  i.nccl_version = ri.str("nccl_version", false);
+  i.compiler = ri.str("compiler", false);
   i.host = ri.str("host", false);
   i.started_at = ri.str("started_at", false);
   i.duration_s = ri.num("duration_s", false);
@@ -539,7 +545,10 @@ void write_junit_xml(const RunResults& r, const fs::path& p) {
                                                                   {"launcher", i.launcher},
                                                                   {"suite_revision", i.suite_revision},
                                                                   {"tdc_version", i.tdc_version},
-                                                                  {"libtorch_version", i.libtorch_version}}) {
+                                                                  {"libtorch_version", i.libtorch_version},
+                                                                  {"libtorch_cuda", i.libtorch_cuda},
+                                                                  {"nccl_version", i.nccl_version},
+                                                                  {"compiler", i.compiler}}) {
     props += fmt::format("      <property name=\"{}\" value=\"{}\"/>\n", k, xml(v));
   }
 

@@ -8,9 +8,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/version.h>
 
 #include "tdc/comm/backend_registry.h"
+#include "tdc/libtorch_compat.h"
 
 namespace tdc::comm {
 namespace {
@@ -27,11 +27,9 @@ void construction_barrier(const c10::intrusive_ptr<c10d::Store>& store, int size
 }
 
 // Which ops a backend has natively; everything else is emulated in collectives.cpp.
-// Gloo's _reduce_scatter_base honours MAX/MIN and handles bf16/f16 in LibTorch 2.13
-// (probed; tests cover it); older versions built it on allreduce and ignored the op.
 bool native_reduce_scatter_for(const std::string& backend) {
   if (backend == "nccl") return true;
-  if (backend == "gloo") return TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 13;
+  if (backend == "gloo") return compat::kGlooReduceScatterHonoursOp;  // [Note: Gloo's reduce-scatter honours the op]
   return false;  // plug-ins: unknown, so use the emulation built on alltoall_base
 }
 

@@ -16,7 +16,6 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/grad_mode.h>
-#include <torch/csrc/autograd/node.h>
 #include <torch/csrc/autograd/variable.h>
 
 namespace tdc::ddp {

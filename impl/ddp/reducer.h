@@ -22,6 +22,7 @@
 #include "tdc/comm/collectives.h"
 #include "tdc/comm/process_group.h"
 #include "tdc/ddp/ddp.h"
+#include "tdc/libtorch_compat.h"
 #include "tdc/nn/module.h"
 
 namespace torch::autograd {
@@ -84,7 +85,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;
   // Kept alive: a post hook only fires while its accumulator exists (libtorch-notes, Autograd).
-  std::vector<c10::intrusive_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<compat::NodePtr> accumulators_;  // [Note: autograd Node pointers]
   std::vector<uintptr_t> hook_keys_;
   std::vector<size_t> bucket_of_;  // param index -> bucket index
   std::vector<size_t> slot_of_;    // param index -> position in its bucket

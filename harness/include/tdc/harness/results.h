@@ -67,6 +67,9 @@ struct RunInfo {
   std::string suite_revision;
   std::string tdc_version;
   std::string libtorch_version;
+  std::string libtorch_cuda;  // the CUDA LibTorch was built with ("13.0"); empty for a CPU build
+  std::string nccl_version;   // the NCCL beside a CUDA LibTorch ("2.28.9"); empty without one
+  std::string compiler;       // that compiled tdc ("GNU 12.2.0")
   std::string host;
   std::string started_at;  // ISO-8601 UTC
   double duration_s = 0;

@@ -1,0 +1,320 @@
+// tdc compat: the LibTorch version × suite matrix (docs/compat.md). For each release it runs the
+// bootstrap (`SOURCE/tdc` with TDC_TORCH=V: that release's venv and build dir, side by side), then
+// the suites, and writes OUT/compat.json, OUT/compat.md, a report with a column per release, and,
+// with --doc, the matrix into a Markdown file between its markers.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "cli.h"
+#include "process.h"
+#include "report/parity.h"
+#include "report/report.h"
+#include "report/seed_table.h"
+
+namespace tdc::cli {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+// The releases tdc is built and tested against; ./tdc's SUPPORTED_TORCH says the same.
+const std::vector<std::string> kSupportedTorch = {"2.11.0", "2.12.1", "2.13.0", "2.14.1"};
+const std::string kDefaultTorch = "2.13.0";
+// The suites of one cell each, in the order they run. interop: the unit binaries that hand
+// checkpoints and pipelines to PyTorch; unit: every other unit binary.
+const std::vector<std::string> kSuites = {"build", "unit", "interop", "seed", "parity"};
+const std::vector<std::string> kInteropBinaries = {"tdc_checkpoint_interop_test", "tdc_pipelining_parity_test"};
+
+const std::vector<OptionSpec> kCompatOptions = {
+    {"torch", "V,V", "LibTorch releases (default every supported one: 2.11.0,2.12.1,2.13.0,2.14.1)"},
+    {"suites", "A,B", "cells to run, of build,unit,interop,seed,parity (default all; build always runs)"},
+    {"out", "DIR", "where each release's runs, compat.json, compat.md and report.html go (default results/compat)"},
+    {"doc", "FILE", "also write the matrix into FILE between its tdc-compat markers (docs/compat.md)"},
+};
+
+constexpr const char* kCompatUsage =
+    "usage: tdc compat [--torch V,V] [--suites A,B] [--out DIR] [--doc FILE]\n\n"
+    "Builds tdc against each LibTorch release (./tdc with TDC_TORCH=V: a venv and a build dir per\n"
+    "release, side by side) and runs the unit suites, the interop tests, the seed suite and tdc\n"
+    "parity, each with that release's PyTorch as the oracle. Writes OUT/compat.json, OUT/compat.md\n"
+    "(the release x suite matrix), OUT/report.html (a column per release) and OUT/<V>/ (each run's\n"
+    "results and logs). A release's first build installs its wheel (CUDA builds: several GB) and\n"
+    "compiles tdc (about 30 min on 2 cores). Exit status: 0 when every cell passed, 1 otherwise.\n\n"
+    "Options:\n";
+
+constexpr const char* kDocBegin = "<!-- tdc-compat: begin (written by `tdc compat --doc`) -->";
+constexpr const char* kDocEnd = "<!-- tdc-compat: end -->";
+
+struct Cell {
+  std::string status = "NOT_RUN";  // PASS, FAIL, NOT_RUN
+  std::string detail;              // "66 PASS, 2 SKIP", "exit status 1", why not run
+  double seconds = 0;
+  std::string log;  // relative to OUT
+};
+
+struct Row {
+  std::string torch;
+  std::string libtorch;  // what the build says: "2.11.0 (CUDA 13.0, NCCL 2.28.9; GNU 12.2.0)"
+  std::map<std::string, Cell> cells;
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+// Runs SOURCE/tdc ARGS for release `torch` with the log in `log`; the wait status.
+int run_bootstrap(const fs::path& source, const std::string& torch, const std::vector<std::string>& args,
+                  const fs::path& log) {
+  // The bootstrap picks venv, build dir and oracle from TDC_TORCH alone: nothing of the calling
+  // run's choice may leak into another release's.
+  ::setenv("TDC_TORCH", torch.c_str(), 1);
+  for (const char* v : {"TDC_TORCH_PREFIX", "TDC_BUILD_DIR", "TDC_BUILD", "TDC_PYTHON", "TDC_VENV"}) ::unsetenv(v);
+  fs::create_directories(log.parent_path());
+  int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error(fmt::format("compat: cannot write '{}'", log.string()));
+  SpawnOptions o;
+  o.argv = {(source / "tdc").string()};
+  o.argv.insert(o.argv.end(), args.begin(), args.end());
+  o.stdout_fd = fd;
+  o.stderr_fd = fd;
+  Child child = Child::spawn(o);
+  ::close(fd);
+  return child.wait();
+}
+
+// "66 PASS, 2 SKIP"; PASS unless a test has a failure status or none ran.
+void judge_results(const fs::path& results, int wait_status, Cell& cell) {
+  if (!fs::exists(results)) {
+    cell.status = "FAIL";
+    cell.detail = fmt::format("no results.json ({})", describe_exit(wait_status));
+    return;
+  }
+  harness::RunResults r = harness::read_results(results);
+  std::vector<std::string> parts;
+  bool failed = r.tests.empty();
+  for (auto [status, n] : r.counts()) {
+    if (!n) continue;
+    parts.push_back(fmt::format("{} {}", n, harness::to_string(status)));
+    if (harness::is_failure(status)) failed = true;
+  }
+  cell.status = failed || exit_code(wait_status) != 0 ? "FAIL" : "PASS";
+  cell.detail = parts.empty() ? "no tests" : fmt::format("{}", fmt::join(parts, ", "));
+}
+
+fs::path build_dir_of(const fs::path& source, const std::string& torch) {
+  return torch == kDefaultTorch ? source / "build" : source / ("build-" + torch);
+}
+
+std::vector<std::string> unit_binaries(const fs::path& build) {
+  std::vector<std::string> out;
+  std::ifstream in(build / "tdc_suites.json");
+  json suites = json::parse(in);
+  for (const auto& s : suites)
+    if (s.value("kind", "") == "unit")
+      out.push_back(fs::path(s.value("binary", "")).filename().string());
+  return out;
+}
+
+std::string libtorch_of(const fs::path& build) {
+  std::ifstream in(build / "tdc_build_info.json");
+  if (!in) return "";
+  json j = json::parse(in, nullptr, false);
+  if (j.is_discarded()) return "";
+  std::string label = j.value("torch_version", "?");
+  std::vector<std::string> parts;
+  if (auto c = j.value("torch_cuda", ""); !c.empty()) parts.push_back("CUDA " + c);
+  if (auto n = j.value("nccl_version", ""); !n.empty()) parts.push_back("NCCL " + n);
+  if (!parts.empty()) label += fmt::format(" ({})", fmt::join(parts, ", "));
+  if (auto c = j.value("compiler", ""); !c.empty()) label += "; " + c;
+  return label;
+}
+
+void run_cell(const fs::path& source, const fs::path& out, Row& row, const std::string& suite) {
+  Cell& cell = row.cells[suite];
+  const fs::path dir = out / row.torch;
+  const fs::path build = build_dir_of(source, row.torch);
+  cell.log = fs::path(row.torch) / (suite + ".log");
+  fmt::print(stderr, "tdc compat: torch {}: {} ...\n", row.torch, suite);
+  auto t0 = std::chrono::steady_clock::now();
+  int status = 0;
+  if (suite == "build") {
+    status = run_bootstrap(source, row.torch, {"build"}, out / cell.log);
+    cell.status = exit_code(status) == 0 ? "PASS" : "FAIL";
+    cell.detail = exit_code(status) == 0 ? "configured and built" : describe_exit(status) + ": see the log";
+    row.libtorch = libtorch_of(build);
+  } else if (suite == "unit" || suite == "interop") {
+    std::vector<std::string> chosen;
+    for (const auto& b : unit_binaries(build))
+      if (contains(kInteropBinaries, b) == (suite == "interop")) chosen.push_back(b);
+    fs::path results = dir / suite;
+    fs::remove_all(results);
+    status = run_bootstrap(source, row.torch,
+                           {"run", "--kind", "unit", "--suites", fmt::format("{}", fmt::join(chosen, ",")), "--out",
+                            results.string(), "--no-report"},
+                           out / cell.log);
+    judge_results(results / "results.json", status, cell);
+  } else if (suite == "seed") {
+    fs::path results = dir / "seed";
+    fs::remove_all(results);
+    status = run_bootstrap(source, row.torch, {"run", "--kind", "conformance", "--out", results.string(), "--no-report"},
+                           out / cell.log);
+    judge_results(results / "results.json", status, cell);
+  } else if (suite == "parity") {
+    fs::path results = dir / "parity";
+    status = run_bootstrap(source, row.torch, {"parity", "--out", results.string()}, out / cell.log);
+    std::ifstream in(results / "parity.json");
+    json j = in ? json::parse(in, nullptr, false) : json();
+    int pass = 0, total = 0;
+    if (j.is_object() && j.contains("scenarios") && j["scenarios"].is_array())
+      for (const auto& s : j["scenarios"]) {
+        ++total;
+        if (s.value("verdict", "") == "PASS") ++pass;
+      }
+    cell.status = exit_code(status) == 0 && total > 0 && pass == total ? "PASS" : "FAIL";
+    cell.detail = total ? fmt::format("{}/{} scenarios", pass, total) : describe_exit(status);
+  }
+  cell.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print(stderr, "tdc compat: torch {}: {} {} ({}; {})\n", row.torch, suite, cell.status, cell.detail,
+             format_duration(cell.seconds));
+}
+
+std::string render_matrix(const std::vector<Row>& rows) {
+  std::string out = "| LibTorch | " + fmt::format("{}", fmt::join(kSuites, " | ")) + " |\n|---|";
+  for (size_t i = 0; i < kSuites.size(); ++i) out += "---|";
+  out += "\n";
+  for (const Row& r : rows) {
+    out += fmt::format("| {} |", r.libtorch.empty() ? r.torch : r.libtorch);
+    for (const auto& s : kSuites) {
+      auto it = r.cells.find(s);
+      if (it == r.cells.end()) {
+        out += " — |";
+        continue;
+      }
+      const Cell& c = it->second;
+      out += fmt::format(" {} {}{} |", c.status == "PASS" ? "✅" : c.status == "FAIL" ? "❌" : "⏸", c.status,
+                         c.detail.empty() ? "" : " (" + c.detail + ")");
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+void write_file(const fs::path& p, const std::string& text) {
+  std::ofstream f(p);
+  f << text;
+  if (!f) throw std::runtime_error(fmt::format("compat: cannot write '{}'", p.string()));
+}
+
+// Replaces what lies between the markers; the file must have them (nothing else is touched).
+void write_doc(const fs::path& doc, const std::string& block) {
+  std::ifstream in(doc);
+  if (!in) throw UsageError(fmt::format("compat: --doc '{}' cannot be read", doc.string()));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  size_t b = text.find(kDocBegin), e = text.find(kDocEnd);
+  if (b == std::string::npos || e == std::string::npos || e < b)
+    throw UsageError(fmt::format("compat: --doc '{}' lacks the markers '{}' ... '{}'", doc.string(), kDocBegin, kDocEnd));
+  b += std::string(kDocBegin).size();
+  write_file(doc, text.substr(0, b) + "\n" + block + text.substr(e));
+}
+
+}  // namespace
+
+int compat_command(const std::vector<std::string>& args) {
+  ParsedArgs a = parse_args("compat", kCompatOptions, args, false);
+  if (a.help) {
+    fmt::print("{}{}", kCompatUsage, format_options(kCompatOptions));
+    return kExitOk;
+  }
+  std::vector<std::string> torches = a.get("torch") ? split_list(*a.get("torch")) : kSupportedTorch;
+  for (const auto& t : torches)
+    if (!contains(kSupportedTorch, t))
+      throw UsageError(fmt::format("compat: --torch names '{}', not a supported release (supported: {})", t,
+                                   fmt::join(kSupportedTorch, ", ")));
+  if (torches.empty()) throw UsageError("compat: --torch names no release");
+  std::vector<std::string> suites = a.get("suites") ? split_list(*a.get("suites")) : kSuites;
+  for (const auto& s : suites)
+    if (!contains(kSuites, s))
+      throw UsageError(fmt::format("compat: --suites names '{}' (known: {})", s, fmt::join(kSuites, ", ")));
+  if (!contains(suites, "build")) suites.insert(suites.begin(), "build");
+  const char* root = std::getenv("TDC_ROOT");
+  fs::path source = root && *root ? fs::path(root) : fs::path();
+  if (source.empty() || !fs::exists(source / "tdc"))
+    throw UsageError("compat: cannot find the source tree's ./tdc (run it as ./tdc compat, which sets TDC_ROOT)");
+  fs::path out = fs::absolute(a.get("out") ? fs::path(*a.get("out")) : fs::path("results") / "compat");
+  fs::create_directories(out);
+  std::optional<fs::path> doc;
+  if (auto d = a.get("doc")) {
+    doc = fs::absolute(*d);
+    write_doc(*doc, "(running)\n");  // checks the markers before hours of builds
+  }
+
+  std::vector<Row> rows;
+  for (const auto& t : torches) {
+    Row row;
+    row.torch = t;
+    for (const auto& s : kSuites) {
+      if (!contains(suites, s)) continue;
+      if (s != "build" && row.cells["build"].status != "PASS") {
+        row.cells[s].detail = "the build failed";
+        continue;
+      }
+      run_cell(source, out, row, s);
+      if (interrupted()) return kExitInterrupted;
+    }
+    rows.push_back(std::move(row));
+  }
+
+  json j = json::array();
+  bool all_pass = true;
+  for (const Row& r : rows) {
+    json cells = json::object();
+    for (const auto& [s, c] : r.cells) {
+      cells[s] = {{"status", c.status}, {"detail", c.detail}, {"seconds", c.seconds}, {"log", c.log}};
+      if (c.status != "PASS") all_pass = false;
+    }
+    j.push_back({{"torch", r.torch}, {"libtorch", r.libtorch}, {"cells", cells}});
+  }
+  write_file(out / "compat.json", j.dump(2) + "\n");
+  const std::string matrix = render_matrix(rows);
+  write_file(out / "compat.md", "# tdc compat\n\n" + matrix);
+  if (doc) write_doc(*doc, matrix);
+
+  // The seed runs side by side: the report's matrix gets a column per release.
+  ReportInput in;
+  for (const Row& r : rows)
+    if (fs::exists(out / r.torch / "seed" / "results.json"))
+      in.runs.push_back(load_run(out / r.torch / "seed", "torch " + r.torch));
+  if (!in.runs.empty()) {
+    in.generated_at = harness::iso_now();
+    if (fs::exists(seed_table_path(source))) in.seed = read_seed_table(seed_table_path(source));
+    for (const Row& r : rows)
+      if (fs::path p = out / r.torch / "parity" / "parity.json"; fs::is_regular_file(p)) in.parity.push_back(read_parity(p));
+    write_report(in, out);
+  }
+  fmt::print("{}\ntdc compat: {} (OUT: {})\n", matrix, all_pass ? "every cell passed" : "some cells did not pass",
+             out.string());
+  return all_pass ? kExitOk : kExitFailed;
+}
+
+}  // namespace tdc::cli
