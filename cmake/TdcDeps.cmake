@@ -40,6 +40,13 @@ if(TORCH_CUDA_LIBRARIES)
     message(FATAL_ERROR "LibTorch is a CUDA build but nccl.h was not found beside it: set TDC_NCCL_INCLUDE_DIR")
   endif()
 endif()
+# ATen/cuda's headers (reached from ProcessGroupNCCL.hpp) include cuBLAS, cuSPARSE and cuSOLVER
+# headers, which a minimal toolkit (nvcc + cudart) lacks; PyPI's nvidia-* packages that LibTorch
+# depends on ship them beside it. Searched after the toolkit's own include dir.
+set(TDC_CUDA_EXTRA_INCLUDE_DIRS "")
+if(TORCH_CUDA_LIBRARIES)
+  file(GLOB TDC_CUDA_EXTRA_INCLUDE_DIRS LIST_DIRECTORIES true "${TORCH_INSTALL_PREFIX}/../nvidia/cu[0-9]*/include")
+endif()
 set(TDC_COMPILER "${CMAKE_CXX_COMPILER_ID} ${CMAKE_CXX_COMPILER_VERSION}")
 message(STATUS "tdc: LibTorch ${Torch_VERSION}, CUDA '${TDC_TORCH_CUDA}', NCCL '${TDC_NCCL_VERSION}', ${TDC_COMPILER}")
 

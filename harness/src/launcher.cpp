@@ -1,11 +1,14 @@
 // launch(): one body on N ranks, for every launcher; run_distributed(): the GoogleTest glue.
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <numeric>
+#include <utility>
 
 #include <ATen/Parallel.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -384,6 +387,16 @@ Outcome launch_env(const LaunchSpec& spec0, const std::function<void()>& body) {
 }  // namespace
 }  // namespace detail
 
+namespace {
+// Whether this process has loaded the CUDA driver (a CUDA call was made here): RTLD_NOLOAD only
+// finds a library already loaded, it never loads one.
+bool cuda_driver_loaded() {
+  void* h = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (h != nullptr) ::dlclose(h);  // NOLOAD took a reference
+  return h != nullptr;
+}
+}  // namespace
+
 Outcome launch(const LaunchSpec& spec, const std::function<void()>& body) {
   if (spec.world_size < 1) throw std::invalid_argument(fmt::format("world size must be >= 1, got {}", spec.world_size));
   if (spec.launcher == Launcher::Env) return detail::launch_env(spec, body);
@@ -392,6 +405,18 @@ Outcome launch(const LaunchSpec& spec, const std::function<void()>& body) {
 
 void internal::run_distributed(const char* suite, const char* name, const TestOptions& options, Body body) {
   LaunchSpec spec = detail::resolve(suite, name, options);
+  // [Note: the parent never initialises CUDA] A child forked after CUDA was initialised cannot use
+  // CUDA. The harness itself never initialises it in the parent; if something else did (a test's
+  // static initialiser, a plug-in), ranks start by fork+exec instead (the results say spawn), and
+  // the run says so once.
+  if (spec.launcher == Launcher::Fork && !detail::child_spec().active && cuda_driver_loaded()) {
+    static bool said = false;
+    if (!std::exchange(said, true))
+      std::fprintf(stderr,
+                   "tdc: the CUDA driver is loaded in the parent process, so forked ranks could not use CUDA: "
+                   "ranks start with the spawn launcher (fork+exec) instead\n");
+    spec.launcher = Launcher::Spawn;
+  }
   const int min_gpus = options.min_gpus;
   auto wrapped = [body, min_gpus] {
     // Decided inside the rank: asking CUDA in the parent would break fork().

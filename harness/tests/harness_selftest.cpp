@@ -557,6 +557,22 @@ TEST(HarnessMustFail, ExpectationsTurnFailIntoXfailAndPassIntoXpass) {
   std::filesystem::remove_all(dir);
 }
 
+// [Note: the parent never initialises CUDA]: a fork-launcher parent in which the CUDA driver is
+// loaded (here a stand-in with its soname, preloaded) starts ranks by fork+exec, says so once,
+// and the results name the launcher that ran; without it, the same test forks.
+TEST(HarnessMustFail, ForkAfterCudaLoadedUsesSpawn) {
+  ChildRun plain = run_child("MustFail.PassesButExpectedToFail");
+  EXPECT_EQ(only_test(plain).launcher, "fork") << plain.output;
+  EXPECT_FALSE(contains(plain.output, "CUDA driver is loaded")) << plain.output;
+  ChildOptions o;
+  o.env = {"LD_PRELOAD=" + self_dir() + "/fake-cuda/libcuda.so.1"};
+  ChildRun r = run_child("MustFail.PassesButExpectedToFail", o);
+  EXPECT_EQ(to_string(only_test(r).status), std::string("PASS")) << r.output;
+  EXPECT_EQ(only_test(r).launcher, "spawn") << r.output;
+  EXPECT_TRUE(contains(r.output, "the CUDA driver is loaded in the parent process")) << r.output;
+  expect_clean(r);
+}
+
 TEST(HarnessMustFail, UnknownFlagIsRejectedWithItsName) {
   ChildOptions o;
   o.args = {"--tdc_lancher=fork"};
