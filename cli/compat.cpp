@@ -129,8 +129,7 @@ std::vector<std::string> unit_binaries(const fs::path& build) {
   std::ifstream in(build / "tdc_suites.json");
   json suites = json::parse(in);
   for (const auto& s : suites)
-    if (s.value("kind", "") == "unit")
-      out.push_back(fs::path(s.value("binary", "")).filename().string());
+    if (s.value("kind", "") == "unit") out.push_back(fs::path(s.value("binary", "")).filename().string());
   return out;
 }
 
@@ -175,8 +174,8 @@ void run_cell(const fs::path& source, const fs::path& out, Row& row, const std::
   } else if (suite == "seed") {
     fs::path results = dir / "seed";
     fs::remove_all(results);
-    status = run_bootstrap(source, row.torch, {"run", "--kind", "conformance", "--out", results.string(), "--no-report"},
-                           out / cell.log);
+    status = run_bootstrap(source, row.torch,
+                           {"run", "--kind", "conformance", "--out", results.string(), "--no-report"}, out / cell.log);
     judge_results(results / "results.json", status, cell);
   } else if (suite == "parity") {
     fs::path results = dir / "parity";
@@ -210,8 +209,11 @@ std::string render_matrix(const std::vector<Row>& rows) {
         continue;
       }
       const Cell& c = it->second;
-      out += fmt::format(" {} {}{} |", c.status == "PASS" ? "✅" : c.status == "FAIL" ? "❌" : "⏸", c.status,
-                         c.detail.empty() ? "" : " (" + c.detail + ")");
+      out += fmt::format(" {} {}{} |",
+                         c.status == "PASS"   ? "✅"
+                         : c.status == "FAIL" ? "❌"
+                                              : "⏸",
+                         c.status, c.detail.empty() ? "" : " (" + c.detail + ")");
     }
     out += "\n";
   }
@@ -233,7 +235,8 @@ void write_doc(const fs::path& doc, const std::string& block) {
   std::string text = ss.str();
   size_t b = text.find(kDocBegin), e = text.find(kDocEnd);
   if (b == std::string::npos || e == std::string::npos || e < b)
-    throw UsageError(fmt::format("compat: --doc '{}' lacks the markers '{}' ... '{}'", doc.string(), kDocBegin, kDocEnd));
+    throw UsageError(
+        fmt::format("compat: --doc '{}' lacks the markers '{}' ... '{}'", doc.string(), kDocBegin, kDocEnd));
   b += std::string(kDocBegin).size();
   write_file(doc, text.substr(0, b) + "\n" + block + text.substr(e));
 }
@@ -309,7 +312,8 @@ int compat_command(const std::vector<std::string>& args) {
     in.generated_at = harness::iso_now();
     if (fs::exists(seed_table_path(source))) in.seed = read_seed_table(seed_table_path(source));
     for (const Row& r : rows)
-      if (fs::path p = out / r.torch / "parity" / "parity.json"; fs::is_regular_file(p)) in.parity.push_back(read_parity(p));
+      if (fs::path p = out / r.torch / "parity" / "parity.json"; fs::is_regular_file(p))
+        in.parity.push_back(read_parity(p));
     write_report(in, out);
   }
   fmt::print("{}\ntdc compat: {} (OUT: {})\n", matrix, all_pass ? "every cell passed" : "some cells did not pass",

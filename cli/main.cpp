@@ -295,8 +295,8 @@ int main(int argc, char** argv) {
     if (command == "report") return report_command(rest);
     if (command == "mutate") return mutate_command(rest);
     if (command == "compat") return compat_command(rest);
-    throw UsageError(
-        fmt::format("unknown command '{}' (commands: run, test, bench, report, parity, mutate, compat, help)", command));
+    throw UsageError(fmt::format(
+        "unknown command '{}' (commands: run, test, bench, report, parity, mutate, compat, help)", command));
   } catch (const UsageError& e) {
     fmt::print(stderr, "tdc: error: {}\n", e.what());
     return kExitUsage;
