@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -31,10 +32,12 @@ namespace {
 // The releases tdc is built and tested against; ./tdc's SUPPORTED_TORCH says the same.
 const std::vector<std::string> kSupportedTorch = {"2.11.0", "2.12.1", "2.13.0", "2.14.1"};
 const std::string kDefaultTorch = "2.13.0";
-// The suites of one cell each, in the order they run. interop: the unit binaries that hand
-// checkpoints and pipelines to PyTorch; unit: every other unit binary.
+// The suites of one cell each, in the order they run. unit: the project's CTest tests but the
+// other cells' (what `./tdc test` runs: unit binaries, under ATEN_CPU_CAPABILITY=default too,
+// goldens, CLI, examples, benchmark smokes); interop: the CTest tests that hand checkpoints and
+// pipelines to PyTorch; seed: `tdc run`, the 102 seed tests; parity: `tdc parity`.
 const std::vector<std::string> kSuites = {"build", "unit", "interop", "seed", "parity"};
-const std::vector<std::string> kInteropBinaries = {"tdc_checkpoint_interop_test", "tdc_pipelining_parity_test"};
+const std::vector<std::string> kInteropTests = {"tdc_checkpoint_interop_test", "tdc_pipelining_parity_test"};
 
 const std::vector<OptionSpec> kCompatOptions = {
     {"torch", "V,V", "LibTorch releases (default every supported one: 2.11.0,2.12.1,2.13.0,2.14.1)"},
@@ -120,17 +123,22 @@ void judge_results(const fs::path& results, int wait_status, Cell& cell) {
   cell.detail = parts.empty() ? "no tests" : fmt::format("{}", fmt::join(parts, ", "));
 }
 
-fs::path build_dir_of(const fs::path& source, const std::string& torch) {
-  return torch == kDefaultTorch ? source / "build" : source / ("build-" + torch);
+// CTest's closing line, "100% tests passed, 0 tests failed out of 63": PASS when it says no test
+// failed and ctest exited 0.
+void judge_ctest(const fs::path& log, int wait_status, Cell& cell) {
+  std::ifstream in(log);
+  std::string line, summary;
+  while (std::getline(in, line))
+    if (line.find("tests passed,") != std::string::npos && line.find("out of") != std::string::npos) summary = line;
+  int failed = -1, total = -1;
+  if (auto p = summary.find("tests passed, "); p != std::string::npos)
+    std::sscanf(summary.c_str() + p, "tests passed, %d tests failed out of %d", &failed, &total);
+  cell.status = exit_code(wait_status) == 0 && failed == 0 && total > 0 ? "PASS" : "FAIL";
+  cell.detail = total > 0 ? fmt::format("{}/{} CTest tests", total - failed, total) : describe_exit(wait_status);
 }
 
-std::vector<std::string> unit_binaries(const fs::path& build) {
-  std::vector<std::string> out;
-  std::ifstream in(build / "tdc_suites.json");
-  json suites = json::parse(in);
-  for (const auto& s : suites)
-    if (s.value("kind", "") == "unit") out.push_back(fs::path(s.value("binary", "")).filename().string());
-  return out;
+fs::path build_dir_of(const fs::path& source, const std::string& torch) {
+  return torch == kDefaultTorch ? source / "build" : source / ("build-" + torch);
 }
 
 std::string libtorch_of(const fs::path& build) {
@@ -161,18 +169,16 @@ void run_cell(const fs::path& source, const fs::path& out, Row& row, const std::
     cell.detail = exit_code(status) == 0 ? "configured and built" : describe_exit(status) + ": see the log";
     row.libtorch = libtorch_of(build);
   } else if (suite == "unit" || suite == "interop") {
-    std::vector<std::string> chosen;
-    for (const auto& b : unit_binaries(build))
-      if (contains(kInteropBinaries, b) == (suite == "interop")) chosen.push_back(b);
-    fs::path results = dir / suite;
-    fs::remove_all(results);
-    status = run_bootstrap(source, row.torch,
-                           {"run", "--kind", "unit", "--suites", fmt::format("{}", fmt::join(chosen, ",")), "--out",
-                            results.string(), "--no-report"},
-                           out / cell.log);
-    judge_results(results / "results.json", status, cell);
+    // Through CTest, as `./tdc test` runs them: it also makes the goldens some unit suites need.
+    // unit leaves out what the other cells run (interop, the seed suite, parity).
+    const std::string interop = "^(" + fmt::format("{}", fmt::join(kInteropTests, "|")) + ")$";
+    std::vector<std::string> args = {"test"};
+    if (suite == "interop") args.insert(args.end(), {"-R", interop});
+    else args.insert(args.end(), {"-E", interop, "-E", "^(tdc_conformance|tdc_conformance_cap_default|tdc_parity.*)$"});
+    status = run_bootstrap(source, row.torch, args, out / cell.log);
+    judge_ctest(out / cell.log, status, cell);
   } else if (suite == "seed") {
-    fs::path results = dir / "seed";
+    const fs::path results = dir / "seed";
     fs::remove_all(results);
     status = run_bootstrap(source, row.torch,
                            {"run", "--kind", "conformance", "--out", results.string(), "--no-report"}, out / cell.log);
