@@ -65,4 +65,12 @@ add_library(tdc_deps INTERFACE)
 target_link_libraries(tdc_deps INTERFACE ${TORCH_LIBRARIES} GTest::gtest GTest::gmock
   nlohmann_json::nlohmann_json Threads::Threads)
 target_compile_definitions(tdc_deps INTERFACE FMT_HEADER_ONLY=1)
+# [Note: libstdc++ before LibTorch] PyTorch 2.11's wheels export pieces of a static libstdc++ from
+# libtorch.so (64 std::filesystem symbols among 148 of namespace std; 2.12 and 2.14 export 72 std
+# symbols, 2.13's CPU wheel none). The dynamic linker binds every reference to the first library
+# in load order that defines the symbol, and libstdc++.so.6 is normally the last DT_NEEDED, so
+# tdc's std::filesystem::remove_all ran libtorch.so's copy, which jumps to address 0 (the SIGSEGV
+# that killed whole test binaries against 2.11: the harness removes each test's temp dir). Every
+# tdc binary and library therefore names libstdc++ first; CTest tdc_link_order checks it.
+target_link_options(tdc_deps INTERFACE "LINKER:--push-state,--no-as-needed" "-lstdc++" "LINKER:--pop-state")
 target_compile_options(tdc_deps INTERFACE -fPIC -Wall -Wno-unused-parameter -Wno-sign-compare)
