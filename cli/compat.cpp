@@ -173,8 +173,10 @@ void run_cell(const fs::path& source, const fs::path& out, Row& row, const std::
     // unit leaves out what the other cells run (interop, the seed suite, parity).
     const std::string interop = "^(" + fmt::format("{}", fmt::join(kInteropTests, "|")) + ")$";
     std::vector<std::string> args = {"test"};
-    if (suite == "interop") args.insert(args.end(), {"-R", interop});
-    else args.insert(args.end(), {"-E", interop, "-E", "^(tdc_conformance|tdc_conformance_cap_default|tdc_parity.*)$"});
+    if (suite == "interop")
+      args.insert(args.end(), {"-R", interop});
+    else
+      args.insert(args.end(), {"-E", interop, "-E", "^(tdc_conformance|tdc_conformance_cap_default|tdc_parity.*)$"});
     status = run_bootstrap(source, row.torch, args, out / cell.log);
     judge_ctest(out / cell.log, status, cell);
   } else if (suite == "seed") {

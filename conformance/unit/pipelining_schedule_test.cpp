@@ -217,6 +217,9 @@ TEST(PipelineScheduleGolden, EveryCaseMatchesPyTorch) {
 // The golden says which lists keep the order (checked in Python); validate_comms must refuse
 // exactly the others, naming the mismatched pair.
 TEST(PipelineScheduleGolden, DeferredRecvListsThatBreakThePairOrderAreRefused) {
+  if (!goldens().value("defer_pp_recv", true))
+    GTEST_SKIP() << "the oracle, PyTorch " << goldens()["torch_version"].get<std::string>()
+                 << ", has no defer_pp_recv (it arrived in 2.13): no deferred lists to check";
   int checked = 0, refused = 0;
   for (const json& c : goldens()["cases"]) {
     if (!c.contains("lowered_defer_recv")) continue;
