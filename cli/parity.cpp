@@ -5,7 +5,7 @@
 // writes a trace; the verdict compares them with the scenario's tolerance ([Note: parity
 // verdict] in conformance/parity/include/tdc/parity/trace.h). Writes OUT/traces/<name>.<side>.json
 // and OUT/parity.json (docs/results-schema.md, "Parity"), prints a table, exits 1 unless every
-// scenario passes.
+// scenario passes (or is NOT_SUPPORTED on this release: [Note: scenario requires a release]).
 #include <fnmatch.h>
 #include <unistd.h>
 
@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -38,6 +39,9 @@ using Clock = std::chrono::steady_clock;
 
 // Time limits: a hung side costs minutes, not forever. Each scenario takes ~1-3 s per side on a
 // loaded 2-core machine; the PyTorch side also imports torch once (~5 s).
+const std::string kLibTorchVersion =
+    fmt::format("{}.{}.{}", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH);
+
 constexpr double kRunnerLimitS = 300;  // one scenario on tdc's side
 constexpr double kPythonBaseLimitS = 120, kPythonPerScenarioLimitS = 120;
 
@@ -172,12 +176,28 @@ std::string run_tdc_side(const Paths& p, const parity::Scenario& s, int index, i
   return "";
 }
 
+// The fields every scenario's result has, whatever its verdict.
+ojson result_head(const parity::Scenario& s) {
+  return {{"name", s.name},
+          {"description", s.description},
+          {"world_size", s.world_size},
+          {"recipe", parity::describe_recipe(s)},
+          {"tolerance", {{"rtol", s.tolerance.rtol}, {"atol", s.tolerance.atol}, {"why", s.tolerance.why}}}};
+}
+
+ojson not_supported_result(const parity::Scenario& s, const std::string& why) {
+  ojson r = result_head(s);
+  r["verdict"] = "NOT_SUPPORTED";
+  r["message"] = why;
+  r["loss"] = {{"tdc", ojson::array()}, {"pytorch", ojson::array()}};
+  r["grad_norm"] = {{"tdc", ojson::array()}, {"pytorch", ojson::array()}};
+  r["max_rel_diff_per_step"] = ojson::array();
+  r["max_param_rel_diff"] = nullptr;
+  return r;
+}
+
 ojson scenario_result(const Paths& p, const parity::Scenario& s, const std::string& tdc_error) {
-  ojson r = {{"name", s.name},
-             {"description", s.description},
-             {"world_size", s.world_size},
-             {"recipe", parity::describe_recipe(s)},
-             {"tolerance", {{"rtol", s.tolerance.rtol}, {"atol", s.tolerance.atol}, {"why", s.tolerance.why}}}};
+  ojson r = result_head(s);
   auto series = [](const parity::Trace* t, bool loss) {
     ojson a = ojson::array();
     if (t)
@@ -233,27 +253,31 @@ void write_atomic(const fs::path& file, const std::string& text) {
 int print_table(const ojson& results, const fs::path& out_file) {
   size_t width = 26;  // the longest scenario name
   for (const auto& r : results) width = std::max(width, r["name"].get<std::string>().size());
-  fmt::print("\n{:<{}} {:>2} {:<44} {:<6} {:>10} {:>10} {:>9}\n", "scenario", width, "ws", "recipe", "result",
+  fmt::print("\n{:<{}} {:>2} {:<44} {:<13} {:>10} {:>10} {:>9}\n", "scenario", width, "ws", "recipe", "result",
              "steps rel", "param rel", "rtol");
-  int passed = 0;
+  int passed = 0, not_supported = 0;
   for (const auto& r : results) {
     double step_max = 0;
     for (const auto& d : r["max_rel_diff_per_step"]) step_max = std::max(step_max, d.get<double>());
     const bool has = !r["max_param_rel_diff"].is_null();
-    fmt::print("{:<{}} {:>2} {:<44} {:<6} {:>10} {:>10} {:>9.1e}\n", r["name"].get<std::string>(), width,
+    fmt::print("{:<{}} {:>2} {:<44} {:<13} {:>10} {:>10} {:>9.1e}\n", r["name"].get<std::string>(), width,
                r["world_size"].get<int>(), r["recipe"].get<std::string>(), r["verdict"].get<std::string>(),
                has ? fmt::format("{:.2e}", step_max) : "-",
                has ? fmt::format("{:.2e}", r["max_param_rel_diff"].get<double>()) : "-",
                r["tolerance"]["rtol"].get<double>());
     if (r["verdict"] == "PASS") {
       ++passed;
+    } else if (r["verdict"] == "NOT_SUPPORTED") {
+      ++not_supported;
+      fmt::print("    {}\n", r["message"].get<std::string>().substr(0, 400));
     } else {
       fmt::print("    {}\n", r["message"].get<std::string>().substr(0, 400));
     }
   }
-  fmt::print("\n{} of {} scenarios match PyTorch within tolerance; written to {}\n", passed, results.size(),
+  fmt::print("\n{} of {} scenarios match PyTorch within tolerance{}; written to {}\n", passed, results.size(),
+             not_supported ? fmt::format(" ({} NOT_SUPPORTED on this release)", not_supported) : "",
              out_file.string());
-  return passed == static_cast<int>(results.size()) ? kExitOk : kExitFailed;
+  return passed + not_supported == static_cast<int>(results.size()) ? kExitOk : kExitFailed;
 }
 
 }  // namespace
@@ -276,14 +300,29 @@ int parity_command(const std::vector<std::string>& args) {
   const auto t0 = Clock::now();
   fmt::print(stderr, "tdc parity: {} scenarios from {} -> {}\n", scenarios.size(), p.scenarios.string(),
              p.out.string());
-  run_pytorch_side(p, scenarios);
+  // [Note: scenario requires a release]: what this LibTorch cannot run is reported, not run.
+  std::vector<parity::Scenario> runnable;
+  std::map<std::string, std::string> unsupported;  // name -> why
+  for (const auto& s : scenarios) {
+    if (auto why = parity::unmet_requirement(s, kLibTorchVersion)) {
+      fmt::print(stderr, "[skip] {}: NOT_SUPPORTED: {}\n", s.name, *why);
+      unsupported.emplace(s.name, *why);
+    } else {
+      runnable.push_back(s);
+    }
+  }
+  if (!runnable.empty()) run_pytorch_side(p, runnable);
   if (interrupted()) return kExitInterrupted;
   ojson results = ojson::array();
-  for (size_t i = 0; i < scenarios.size(); ++i) {
-    const std::string error =
-        run_tdc_side(p, scenarios[i], static_cast<int>(i + 1), static_cast<int>(scenarios.size()));
+  int index = 0;
+  for (const auto& s : scenarios) {
+    if (auto it = unsupported.find(s.name); it != unsupported.end()) {
+      results.push_back(not_supported_result(s, it->second));
+      continue;
+    }
+    const std::string error = run_tdc_side(p, s, ++index, static_cast<int>(runnable.size()));
     if (interrupted()) return kExitInterrupted;
-    results.push_back(scenario_result(p, scenarios[i], error));
+    results.push_back(scenario_result(p, s, error));
   }
   const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
   ojson out = {
@@ -294,7 +333,7 @@ int parity_command(const std::vector<std::string>& args) {
         {"cpus", static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN))},
         {"aten_cpu_capability", cap ? cap : ""},
         {"tdc_version", TDC_VERSION},
-        {"libtorch_version", fmt::format("{}.{}.{}", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH)},
+        {"libtorch_version", kLibTorchVersion},
         {"pytorch_version", pytorch_version(results, p)},
         {"duration_s", std::chrono::duration<double>(Clock::now() - t0).count()}}},
       {"scenarios", results},

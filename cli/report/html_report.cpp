@@ -60,6 +60,7 @@ td[data-status=XFAIL] { background: #ffe0b2; color: #8a4b00; }
 td[data-status=NOT_IMPLEMENTED], td[data-status=NOT_RUN] { color: #9aa1ad; font-weight: normal; }
 .badge { display: inline-block; padding: 0 6px; border-radius: 3px; font-weight: 600; font-size: 12px; }
 .badge.PASS { background: #c8e6c9; color: #1b5e20; } .badge.FAIL, .badge.ERROR { background: #ffcdd2; color: #b71c1c; }
+.badge.NOT_SUPPORTED { background: #fff9c4; color: #6d5d00; }
 .big { font-size: 20px; font-weight: bold; }
 .cards { display: flex; gap: 16px; flex-wrap: wrap; } .card { border: 1px solid #d5d9e0; border-radius: 6px; padding: 8px 12px; }
 li.regression { color: #b71c1c; } li.new-pass { color: #1b5e20; }
@@ -287,6 +288,7 @@ std::string parity_scenario(const ParityScenario& s) {
       html_escape(s.description), s.world_size, html_escape(s.recipe), number(s.rtol), number(s.atol),
       html_escape(s.tolerance_why));
   if (!s.message.empty()) out += "<pre class=\"parity-message\">" + html_escape(s.message) + "</pre>\n";
+  if (s.verdict == "NOT_SUPPORTED") return out + "</div>\n";  // neither side ran: nothing to chart
   out += "<div class=\"charts\">\n";
   out += line_chart_svg("loss: " + s.name, "loss", {{"tdc", "tdc", s.loss_tdc}, {"PyTorch", "pytorch", s.loss_pytorch}},
                         "loss-chart", attrs);

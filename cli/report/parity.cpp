@@ -79,8 +79,8 @@ ParityScenario read_scenario(const Fields& f) {
   s.atol = tol.num("atol");
   s.tolerance_why = tol.str("why");
   s.verdict = f.str("verdict", true);
-  if (s.verdict != "PASS" && s.verdict != "FAIL" && s.verdict != "ERROR")
-    f.fail("verdict", fmt::format("must be PASS, FAIL or ERROR, got '{}'", s.verdict));
+  if (s.verdict != "PASS" && s.verdict != "FAIL" && s.verdict != "ERROR" && s.verdict != "NOT_SUPPORTED")
+    f.fail("verdict", fmt::format("must be PASS, FAIL, ERROR or NOT_SUPPORTED, got '{}'", s.verdict));
   s.message = f.str("message");
   Fields loss = f.object("loss"), grad = f.object("grad_norm");
   s.loss_tdc = loss.numbers("tdc");

@@ -14,7 +14,7 @@ struct ParityScenario {
   int world_size = 0;
   double rtol = 0, atol = 0;
   std::string tolerance_why;
-  std::string verdict;  // PASS, FAIL or ERROR
+  std::string verdict;  // PASS, FAIL, ERROR or NOT_SUPPORTED (on this release)
   std::string message;
   // Per step; NaN where the file has null (a value JSON cannot carry).
   std::vector<double> loss_tdc, loss_pytorch, grad_norm_tdc, grad_norm_pytorch, max_rel_diff_per_step;

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <set>
 
 #include <gtest/gtest.h>
@@ -245,6 +246,50 @@ TEST(ParityScenario, Fsdp1ScenariosAreChecked) {
             file +
                 ": field 'model.type': recipe 'fsdp1' needs an FSDP1 test model (nested_wrapped_module, "
                 "transformer_with_shared_params) (value: \"mlp_stack\")");
+}
+
+// [Note: scenario requires a release]: a scenario names the first PyTorch release that can run it;
+// older releases get the why, the same and newer ones run it; a malformed requirement is refused.
+TEST(ParityScenario, RequiresReleaseIsCheckedAndCompared) {
+  nlohmann::json j = valid();
+  j["requires"] = {{"pytorch", "2.12"}, {"why", "2.11's mse_loss backward"}};
+  const ScenarioFile f(j);
+  ASSERT_EQ(f.error(), "(no error)");
+  const Scenario s = load_scenario(f.path_);
+  ASSERT_TRUE(s.requires_release.has_value());
+  EXPECT_EQ(unmet_requirement(s, "2.11.0+cu130"),
+            std::optional<std::string>("needs PyTorch >= 2.12 (this is 2.11.0+cu130): 2.11's mse_loss backward"));
+  EXPECT_TRUE(unmet_requirement(s, "1.13.1").has_value());
+  EXPECT_EQ(unmet_requirement(s, "2.12.0"), std::nullopt);
+  EXPECT_EQ(unmet_requirement(s, "2.12.1+cu130"), std::nullopt);
+  EXPECT_EQ(unmet_requirement(s, "2.13.0"), std::nullopt);
+  EXPECT_EQ(unmet_requirement(s, "3.0"), std::nullopt);
+  EXPECT_THROW(unmet_requirement(s, "unknown"), ScenarioError);
+  EXPECT_EQ(unmet_requirement(load_scenario(ScenarioFile(valid()).path_), "unknown"), std::nullopt)
+      << "a scenario without requirements runs anywhere";
+  {
+    nlohmann::json k = valid();
+    k["requires"] = {{"pytorch", "2.12.1"}, {"why", "w"}};
+    const Scenario p = load_scenario(ScenarioFile(k).path_);
+    EXPECT_TRUE(unmet_requirement(p, "2.12.0").has_value());
+    EXPECT_EQ(unmet_requirement(p, "2.12.1"), std::nullopt);
+  }
+  const std::string file = "scenario '" + (fs::temp_directory_path() / "tdc_parity_bad_scenario.json").string() + "'";
+  const std::vector<std::pair<nlohmann::json, std::string>> bad = {
+      {{{"pytorch", "two"}, {"why", "w"}},
+       file + ": field 'requires.pytorch': must be a release MAJOR.MINOR[.PATCH] (value: \"two\")"},
+      {{{"pytorch", "2"}, {"why", "w"}},
+       file + ": field 'requires.pytorch': must be a release MAJOR.MINOR[.PATCH] (value: \"2\")"},
+      {{{"pytorch", "2.12"}}, file + ": missing field 'requires.why'"},
+      {{{"pytorch", "2.12"}, {"why", ""}},
+       file + ": field 'requires.why': must not be empty (value: \"\")"},
+      {{{"pytorch", "2.12"}, {"why", "w"}, {"max", "3"}}, file + ": field 'requires.max': unknown field (value: \"3\")"},
+  };
+  for (const auto& [req, want] : bad) {
+    nlohmann::json k = valid();
+    k["requires"] = req;
+    EXPECT_EQ(ScenarioFile(k).error(), want) << req.dump();
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include "tdc/parity/scenario.h"
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <functional>
 #include <set>
@@ -236,7 +237,37 @@ void check_consistency(const Scenario& s, Reader& r) {
          json(*rc.checkpoint_resume_at));
 }
 
+// "2.12" -> {2, 12}; "2.12.1+cu130" -> {2, 12, 1}; {} unless it starts with MAJOR.MINOR.
+std::vector<int> parse_release(const std::string& v) {
+  std::vector<int> out;
+  size_t i = 0;
+  while (out.size() < 3 && i < v.size() && std::isdigit(static_cast<unsigned char>(v[i]))) {
+    int n = 0;
+    size_t digits = 0;
+    for (; i < v.size() && std::isdigit(static_cast<unsigned char>(v[i])) && digits < 6; ++i, ++digits)
+      n = n * 10 + (v[i] - '0');
+    out.push_back(n);
+    if (i < v.size() && v[i] == '.') ++i;
+    else break;
+  }
+  if (out.size() < 2) return {};
+  return out;
+}
+
 }  // namespace
+
+std::optional<std::string> unmet_requirement(const Scenario& s, const std::string& version) {
+  if (!s.requires_release) return std::nullopt;
+  std::vector<int> have = parse_release(version);
+  if (have.empty())
+    throw ScenarioError(fmt::format("scenario '{}': cannot tell whether PyTorch '{}' meets requires.pytorch",
+                                    s.file.string(), version));
+  const std::vector<int>& need = s.requires_release->min_pytorch;
+  have.resize(std::max(have.size(), need.size()), 0);
+  if (!std::lexicographical_compare(have.begin(), have.end(), need.begin(), need.end())) return std::nullopt;
+  return fmt::format("needs PyTorch >= {} (this is {}): {}", fmt::join(need, "."), version,
+                     s.requires_release->why);
+}
 
 bool ModelSpec::is_fsdp1_fixture() const {
   return type == "nested_wrapped_module" || type == "transformer_with_shared_params";
@@ -310,6 +341,16 @@ Scenario load_scenario(const std::filesystem::path& file) {
     s.tolerance.atol = t.number("atol", 0);
     s.tolerance.why = t.str("why");
     t.no_unknown_keys();
+  }
+  if (r.find("requires")) {
+    Reader q = r.object("requires");
+    const std::string v = q.str("pytorch");
+    Requirement req;
+    req.min_pytorch = parse_release(v);
+    if (req.min_pytorch.empty()) q.fail("requires.pytorch", "must be a release MAJOR.MINOR[.PATCH]", json(v));
+    req.why = q.str("why");
+    q.no_unknown_keys();
+    s.requires_release = std::move(req);
   }
   if (r.find("perturb_tdc")) {
     Reader p = r.object("perturb_tdc");

@@ -30,6 +30,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -513,9 +514,26 @@ def merge(sc, rank_results):
             "params": dict(sorted(params.items()))}
 
 
+def release(version):
+    """'2.12.1+cu130' -> (2, 12, 1); '2.12' -> (2, 12, 0)."""
+    parts = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    if not parts:
+        raise ValueError(f"not a release: {version!r}")
+    return tuple(int(p or 0) for p in parts.groups())
+
+
+def check_requirement(sc):
+    """A scenario's "requires" (docs/results-schema.md): `tdc parity` does not pass a scenario this
+    LibTorch cannot run; an oracle older than the LibTorch could still get one, and says so."""
+    req = sc.get("requires")
+    if req and release(torch.__version__) < release(req["pytorch"]):
+        raise RuntimeError(f"needs PyTorch >= {req['pytorch']} (this is {torch.__version__}): {req['why']}")
+
+
 def run_scenario(path, inputs_dir, traces_dir):
     with open(path) as f:
         sc = json.load(f)
+    check_requirement(sc)
     inputs_path = os.path.join(inputs_dir, f"{sc['name']}.safetensors")
     save_file(draw_inputs(sc), inputs_path)
     with tempfile.TemporaryDirectory(prefix="tdc-parity-py.") as tmp:

@@ -73,6 +73,18 @@ struct Tolerance {
   std::string why;
 };
 
+// [Note: scenario requires a release] A scenario that a PyTorch release cannot run, because
+// that release's own operators refuse it (the same error on tdc's side, since tdc computes with
+// that release's LibTorch), names the first release that can and why:
+//   "requires": {"pytorch": "2.12", "why": "..."}
+// `tdc parity` reports it NOT_SUPPORTED (with the why) on an older LibTorch and runs neither
+// side; NOT_SUPPORTED is not a failure. It is never a way to hide a tdc bug: the why must name
+// the PyTorch behaviour, and the scenario must pass on every release it names.
+struct Requirement {
+  std::vector<int> min_pytorch;  // e.g. {2, 12}
+  std::string why;
+};
+
 struct Scenario {
   std::filesystem::path file;
   std::string name, description;
@@ -86,6 +98,7 @@ struct Scenario {
   OptimizerSpec optimizer;
   int steps = 0;
   Tolerance tolerance;
+  std::optional<Requirement> requires_release;
   // Test-only: the tdc side multiplies its learning rate by this (a deliberately wrong run, to
   // show that the verdict catches it). 1 in every real scenario.
   double perturb_tdc_lr_scale = 1.0;
@@ -96,6 +109,11 @@ struct Scenario {
 
 // Reads and checks one scenario file. Throws ScenarioError.
 Scenario load_scenario(const std::filesystem::path& file);
+
+// Why the scenario cannot run against PyTorch `version` ("2.11.0", "2.12.1+cu130"), or nullopt
+// when it can ([Note: scenario requires a release]). Throws ScenarioError when `version` does not
+// start with MAJOR.MINOR.
+std::optional<std::string> unmet_requirement(const Scenario& s, const std::string& version);
 
 // "fsdp (dp 2) + bf16 + grad accum 3": the recipe in words, for tables.
 std::string describe_recipe(const Scenario& s);
