@@ -275,8 +275,7 @@ int print_table(const ojson& results, const fs::path& out_file) {
     }
   }
   fmt::print("\n{} of {} scenarios match PyTorch within tolerance{}; written to {}\n", passed, results.size(),
-             not_supported ? fmt::format(" ({} NOT_SUPPORTED on this release)", not_supported) : "",
-             out_file.string());
+             not_supported ? fmt::format(" ({} NOT_SUPPORTED on this release)", not_supported) : "", out_file.string());
   return passed + not_supported == static_cast<int>(results.size()) ? kExitOk : kExitFailed;
 }
 

@@ -281,9 +281,9 @@ TEST(ParityScenario, RequiresReleaseIsCheckedAndCompared) {
       {{{"pytorch", "2"}, {"why", "w"}},
        file + ": field 'requires.pytorch': must be a release MAJOR.MINOR[.PATCH] (value: \"2\")"},
       {{{"pytorch", "2.12"}}, file + ": missing field 'requires.why'"},
-      {{{"pytorch", "2.12"}, {"why", ""}},
-       file + ": field 'requires.why': must not be empty (value: \"\")"},
-      {{{"pytorch", "2.12"}, {"why", "w"}, {"max", "3"}}, file + ": field 'requires.max': unknown field (value: \"3\")"},
+      {{{"pytorch", "2.12"}, {"why", ""}}, file + ": field 'requires.why': must not be empty (value: \"\")"},
+      {{{"pytorch", "2.12"}, {"why", "w"}, {"max", "3"}},
+       file + ": field 'requires.max': unknown field (value: \"3\")"},
   };
   for (const auto& [req, want] : bad) {
     nlohmann::json k = valid();

@@ -247,8 +247,10 @@ std::vector<int> parse_release(const std::string& v) {
     for (; i < v.size() && std::isdigit(static_cast<unsigned char>(v[i])) && digits < 6; ++i, ++digits)
       n = n * 10 + (v[i] - '0');
     out.push_back(n);
-    if (i < v.size() && v[i] == '.') ++i;
-    else break;
+    if (i < v.size() && v[i] == '.')
+      ++i;
+    else
+      break;
   }
   if (out.size() < 2) return {};
   return out;
@@ -265,8 +267,7 @@ std::optional<std::string> unmet_requirement(const Scenario& s, const std::strin
   const std::vector<int>& need = s.requires_release->min_pytorch;
   have.resize(std::max(have.size(), need.size()), 0);
   if (!std::lexicographical_compare(have.begin(), have.end(), need.begin(), need.end())) return std::nullopt;
-  return fmt::format("needs PyTorch >= {} (this is {}): {}", fmt::join(need, "."), version,
-                     s.requires_release->why);
+  return fmt::format("needs PyTorch >= {} (this is {}): {}", fmt::join(need, "."), version, s.requires_release->why);
 }
 
 bool ModelSpec::is_fsdp1_fixture() const {
