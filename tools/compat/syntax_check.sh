@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Every translation unit of a configured build, compiled with ANOTHER compiler, syntax only:
+# the check that tdc's sources compile under the GPU machines' g++ 13 when only g++ 12 builds
+# here (docs/compat.md, "Compilers"). Debian 12 has no g++-13; clang++-16 (apt) stands in: it is
+# stricter than g++ 12 where g++ 13 is (e.g. the ambiguous gtest operator== of a std::string and
+# a nlohmann::json that g++ 13 rejected in conformance/unit/fixtures_test.cpp).
+#
+#   tools/compat/syntax_check.sh clang++-16 build          # build/compile_commands.json
+#   tools/compat/syntax_check.sh g++-13 build-2.11.0 -j 4
+#
+# The precompiled header is left out (another compiler cannot read it), so a file that leans on
+# the PCH for an include it does not name fails here too. Exit 0 when every file compiles.
+set -euo pipefail
+
+usage() { echo "usage: $0 COMPILER BUILD_DIR [-j N]" >&2; exit 2; }
+[ $# -ge 2 ] || usage
+cxx=$1
+build=$2
+jobs=$(nproc)
+[ "${3:-}" = "-j" ] && jobs=${4:?-j needs a number}
+command -v "$cxx" >/dev/null || { echo "$0: compiler '$cxx' not found (apt install clang-16?)" >&2; exit 2; }
+db="$build/compile_commands.json"
+[ -f "$db" ] || { echo "$0: '$db' does not exist: configure the build first (./tdc build)" >&2; exit 2; }
+command -v jq >/dev/null || { echo "$0: needs jq" >&2; exit 2; }
+
+logs=$(mktemp -d "${TMPDIR:-/tmp}/tdc-syntax.XXXXXX")
+trap 'rm -rf "$logs"' EXIT
+# One line per TU: its directory, then the command with the compiler replaced, -o and the PCH
+# (-include .../cmake_pch.hxx, -Winvalid-pch) removed, -fsyntax-only added. The PCH's own TU
+# (cmake_pch.hxx.cxx) is skipped.
+jq -r '.[] | select(.file | test("cmake_pch") | not) | [.directory, .command] | @tsv' "$db" >"$logs/tus"
+total=$(wc -l <"$logs/tus")
+echo "syntax check: $total files of $db with $cxx ($($cxx --version | head -n 1)), $jobs at a time" >&2
+
+check_one() {  # DIR COMMAND  (run by xargs)
+  local dir=$1 cmd=$2 i n file=""
+  local -a words out
+  read -r -a words <<<"$cmd"
+  out=("$CXX")
+  n=${#words[@]}
+  for ((i = 1; i < n; i++)); do
+    case "${words[i]}" in
+      -o) ((i += 1)) ;;
+      -Winvalid-pch) ;;
+      -include)
+        if [[ "${words[i + 1]}" == *cmake_pch* ]]; then ((i += 1)); else out+=("${words[i]}"); fi ;;
+      *) out+=("${words[i]}") ;;
+    esac
+  done
+  file=${words[n - 1]}
+  cd "$dir"
+  local log="$LOGS/${file//\//_}.log"
+  if "${out[@]}" -fsyntax-only >"$log" 2>&1; then
+    rm -f "$log"
+    printf '.' >&2
+  else
+    printf 'F' >&2
+  fi
+}
+export -f check_one
+export CXX=$cxx LOGS=$logs
+tr '\t' '\n' <"$logs/tus" | xargs -d '\n' -n 2 -P "$jobs" bash -c 'check_one "$0" "$1"'
+echo >&2
+failed=$(find "$logs" -name '*.log' | wc -l)
+for f in "$logs"/*.log; do
+  [ -e "$f" ] || continue
+  echo "---- $(basename "$f" .log)" >&2
+  grep -m 20 -E 'error' "$f" >&2 || head -n 20 "$f" >&2
+done
+echo "syntax check: $((total - failed)) of $total files compile with $cxx" >&2
+[ "$failed" = 0 ]
