@@ -79,6 +79,7 @@ struct Binary {
   fs::path path;
   std::string name;                // file name, used for logs and crash records
   std::vector<std::string> tests;  // "Suite.Name", from --gtest_list_tests
+  std::string filter;              // --gtest_filter when not the run's: the tests left after a death
 };
 
 struct Options {
@@ -270,6 +271,7 @@ struct BinaryOutcome {
   std::set<std::string> with_log_tail;  // records made here, whose message already has the log
   std::optional<RunResults> results;    // the binary's own results file, when it wrote one
   bool interrupted = false;
+  bool died_in_test = false;  // crashed or was killed while running a test, without results
 };
 
 class BinaryRunner {
@@ -292,7 +294,8 @@ class BinaryRunner {
       throw std::runtime_error(fmt::format("pipe: {}", std::strerror(errno)));
     }
     constexpr int kChildEventsFd = 3;
-    std::vector<std::string> argv = {b.path.string(), "--gtest_filter=" + o_.filter, "--tdc_results=" + raw.string(),
+    std::vector<std::string> argv = {b.path.string(), "--gtest_filter=" + (b.filter.empty() ? o_.filter : b.filter),
+                                     "--tdc_results=" + raw.string(),
                                      fmt::format("--tdc_events_fd={}", kChildEventsFd)};
     argv.insert(argv.end(), o_.forwarded.begin(), o_.forwarded.end());
     {
@@ -407,6 +410,7 @@ class BinaryRunner {
                                fmt::format("{} {} while running this test ({}); log {}:\n{}", b.name, how,
                                            results_error, log.string(), tail)));
       ++reported;
+      out.died_in_test = !was_interrupted;
     }
     if (!running_ || (clean_exit && !idle_killed && !was_interrupted)) {
       add_with_log(make_record(b.name, "(binary)", clean_exit && !was_interrupted ? Status::Fail : crash_status,
@@ -566,6 +570,17 @@ std::vector<TestResult> merge_repeats(const std::vector<std::vector<TestResult>>
 
 }  // namespace
 
+// The binary's listed tests that have no record in `r`, in list order ([Note: one death costs
+// one test]).
+std::vector<std::string> tests_not_reported(const Binary& b, const BinaryOutcome& r) {
+  std::set<std::string> seen;
+  for (const auto& t : r.tests) seen.insert(t.id);
+  std::vector<std::string> left;
+  for (const auto& id : b.tests)
+    if (!seen.count(id)) left.push_back(id);
+  return left;
+}
+
 int run_command(const std::vector<std::string>& args) {
   ParsedArgs a = parse_args("run", kRunOptions, args, false);
   if (a.help) {
@@ -628,37 +643,56 @@ int run_command(const std::vector<std::string>& args) {
   bool was_interrupted = interrupted() != 0;
   bool from_binaries = false;  // run_info came from at least one binary's results
   std::vector<std::vector<TestResult>> repeats(o.repeat);
-  for (int rep = 0; rep < o.repeat && !was_interrupted; ++rep) {
+  int rep = 0;
+  // One run of a binary: its records, and what its results say about the run.
+  auto absorb = [&](BinaryOutcome& r, const fs::path& log) {
+    for (auto& t : r.tests) {
+      if (!r.with_log_tail.count(t.id)) log_of[t.id] = log;
+      repeats[rep].push_back(std::move(t));
+    }
+    if (r.results) {
+      from_binaries = true;
+      const auto& ri = r.results->run_info;
+      auto& mi = merged.run_info;
+      if (mi.implementation_version.empty()) {
+        mi.implementation = ri.implementation;
+        mi.implementation_version = ri.implementation_version;
+        mi.implementation_library = ri.implementation_library;
+      }
+      if (mi.libtorch_version.empty()) mi.libtorch_version = ri.libtorch_version;
+      if (mi.libtorch_cuda.empty()) mi.libtorch_cuda = ri.libtorch_cuda;
+      if (mi.nccl_version.empty()) mi.nccl_version = ri.nccl_version;
+      if (mi.compiler.empty()) mi.compiler = ri.compiler;
+      mi.world_size = std::max(mi.world_size, ri.world_size);
+      if (!ri.backend.empty()) mi.backend = ri.backend;
+      if (!ri.device.empty()) mi.device = ri.device;
+      if (!ri.launcher.empty()) mi.launcher = ri.launcher;
+    }
+    was_interrupted = r.interrupted || interrupted();
+  };
+  for (; rep < o.repeat && !was_interrupted; ++rep) {
     for (const Binary& b : binaries) {
       if (was_interrupted) break;
       if (b.tests.empty()) continue;
       BinaryRunner runner(o, progress);
-      const std::string label = o.repeat > 1 ? fmt::format("{}.rep{}", b.name, rep + 1) : b.name;
-      BinaryOutcome r = runner.run(b, label);
-      fs::path log = o.out / "logs" / (label + ".log");
-      for (auto& t : r.tests) {
-        if (!r.with_log_tail.count(t.id)) log_of[t.id] = log;
-        repeats[rep].push_back(std::move(t));
+      const std::string base_label = o.repeat > 1 ? fmt::format("{}.rep{}", b.name, rep + 1) : b.name;
+      // [Note: one death costs one test] A binary that dies inside a test (a crash of the process
+      // that runs the ranks: the thread launcher, or a bug in the harness itself) is started again
+      // for the tests it had not reported, each time in its own log (NAME.resumeK.log), until
+      // every listed test has a record.
+      Binary part = b;
+      for (int resume = 0;; ++resume) {
+        const std::string label = resume ? fmt::format("{}.resume{}", base_label, resume) : base_label;
+        BinaryOutcome r = runner.run(part, label);
+        const std::vector<std::string> left = tests_not_reported(part, r);
+        const bool go_on = r.died_in_test && !r.interrupted && !left.empty() && left.size() < part.tests.size();
+        absorb(r, o.out / "logs" / (label + ".log"));
+        if (was_interrupted || !go_on) break;
+        progress.note(
+            fmt::format("{} died in a test; starting it again for its {} remaining tests", b.name, left.size()));
+        part.tests = left;
+        part.filter = fmt::format("{}", fmt::join(left, ":"));
       }
-      if (r.results) {
-        from_binaries = true;
-        const auto& ri = r.results->run_info;
-        auto& mi = merged.run_info;
-        if (mi.implementation_version.empty()) {
-          mi.implementation = ri.implementation;
-          mi.implementation_version = ri.implementation_version;
-          mi.implementation_library = ri.implementation_library;
-        }
-        if (mi.libtorch_version.empty()) mi.libtorch_version = ri.libtorch_version;
-        if (mi.libtorch_cuda.empty()) mi.libtorch_cuda = ri.libtorch_cuda;
-        if (mi.nccl_version.empty()) mi.nccl_version = ri.nccl_version;
-        if (mi.compiler.empty()) mi.compiler = ri.compiler;
-        mi.world_size = std::max(mi.world_size, ri.world_size);
-        if (!ri.backend.empty()) mi.backend = ri.backend;
-        if (!ri.device.empty()) mi.device = ri.device;
-        if (!ri.launcher.empty()) mi.launcher = ri.launcher;
-      }
-      was_interrupted = r.interrupted || interrupted();
       if (o.stop_on_failure && std::any_of(repeats[rep].begin(), repeats[rep].end(),
                                            [](const TestResult& t) { return harness::is_failure(t.status); })) {
         fmt::print(stderr, "tdc run: stopping after {} (--stop-on-failure)\n", b.name);
