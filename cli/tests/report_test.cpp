@@ -193,6 +193,29 @@ TEST(ReportParity, ReadsTheSampleFile) {
   EXPECT_EQ(p.scenarios[1].world_size, 4);
 }
 
+// [Note: scenario requires a release]: a scenario that this LibTorch cannot run is NOT_SUPPORTED,
+// with its why and without charts (neither side ran).
+TEST(ReportParity, NotSupportedScenarioShowsItsWhyWithoutCharts) {
+  const fs::path f = fs::temp_directory_path() / ("tdc-report-ns-" + std::to_string(::getpid()) + ".json");
+  std::ofstream(f) << R"json({"schema": "tdc-parity/1", "created": "2026-11-25T07:00:00Z", "machine": {},
+    "scenarios": [{"name": "bf16_old", "description": "d", "world_size": 2, "recipe": "fsdp (dp 2)",
+      "tolerance": {"rtol": 1e-6, "atol": 0, "why": "w"}, "verdict": "NOT_SUPPORTED",
+      "message": "needs PyTorch >= 2.12 (this is 2.11.0): mse_loss backward",
+      "loss": {"tdc": [], "pytorch": []}, "grad_norm": {"tdc": [], "pytorch": []},
+      "max_rel_diff_per_step": [], "max_param_rel_diff": null}]})json";
+  ReportInput in = fixture_input();
+  in.parity = {read_parity(f)};
+  fs::remove(f);
+  ASSERT_EQ(in.parity[0].scenarios[0].verdict, "NOT_SUPPORTED");
+  const std::string html = render_html(in);
+  const size_t at = html.find("data-scenario=\"bf16_old\"");
+  ASSERT_NE(at, std::string::npos);
+  const std::string block = html.substr(at, html.find("</div>", at) - at);
+  EXPECT_NE(block.find("badge NOT_SUPPORTED"), std::string::npos) << block;
+  EXPECT_NE(block.find("needs PyTorch &gt;= 2.12 (this is 2.11.0)"), std::string::npos) << block;
+  EXPECT_EQ(block.find("loss-chart"), std::string::npos) << "a scenario that did not run has no curve";
+}
+
 TEST(ReportParity, ErrorsNameTheFileAndTheField) {
   fs::path dir = fs::temp_directory_path() / ("tdc-report-test-" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -209,7 +232,7 @@ TEST(ReportParity, ErrorsNameTheFileAndTheField) {
   };
   expect_error(R"({"schema":"tdc-parity/2","scenarios":[]})", "schema: 'tdc-parity/2' is not supported");
   expect_error(R"({"schema":"tdc-parity/1","scenarios":[{"name":"a","verdict":"MAYBE"}]})",
-               "scenarios[0].verdict: must be PASS, FAIL or ERROR");
+               "scenarios[0].verdict: must be PASS, FAIL, ERROR or NOT_SUPPORTED");
   expect_error(R"({"schema":"tdc-parity/1","scenarios":[{"name":"a","verdict":"PASS","loss":{"tdc":[1,"x"]}}]})",
                "scenarios[0].loss.tdc[1]");
   expect_error("{not json", "not valid JSON");

@@ -25,7 +25,8 @@ namespace tdc_mustfail {
 
 // Kills the test binary itself, not a rank (a bug in the harness, or in a LibTorch it runs on:
 // PyTorch 2.11's std::filesystem killed binaries so): `tdc run` starts the binary again for the
-// tests after it (this suite is defined first, so it runs first) ([Note: one death costs one test] in cli/run.cpp).
+// tests after it ([Note: one death costs one test] in cli/run.cpp). Defined before the MustFail
+// suite, so it runs first of the selected tests.
 TEST(MustFailBinary, CrashTheBinary) { raise(SIGSEGV); }
 
 TDC_DIST_SUITE(MustFail, .world_size = 4, .timeout_s = 20);
@@ -204,4 +205,3 @@ TDC_DIST_TEST(MustFailDefaults, HangWithRunDeadline, .world_size = 2) {
 
 // One rank, no deadline of its own (gdb stacks test).
 TDC_DIST_TEST(MustFailDefaults, HangAloneWithRunDeadline, .world_size = 1) { tdc_mustfail::sleep_forever(); }
-
