@@ -5,11 +5,13 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -33,11 +35,15 @@ namespace {
 const std::vector<std::string> kSupportedTorch = {"2.11.0", "2.12.1", "2.13.0", "2.14.1"};
 const std::string kDefaultTorch = "2.13.0";
 // The suites of one cell each, in the order they run. unit: the project's CTest tests but the
-// other cells' (what `./tdc test` runs: unit binaries, under ATEN_CPU_CAPABILITY=default too,
-// goldens, CLI, examples, benchmark smokes); interop: the CTest tests that hand checkpoints and
-// pipelines to PyTorch; seed: `tdc run`, the 102 seed tests; parity: `tdc parity`.
+// other cells' (what `./tdc test` runs: unit binaries, goldens, CLI, examples, benchmark smokes,
+// the seed suite and parity under ATEN_CPU_CAPABILITY=default); interop: the CTest tests that
+// hand checkpoints and pipelines to PyTorch; seed: `tdc run`, the 102 seed tests (CTest's
+// tdc_conformance); parity: `tdc parity` (CTest's tdc_parity). The four cells together are
+// `./tdc test`.
 const std::vector<std::string> kSuites = {"build", "unit", "interop", "seed", "parity"};
 const std::vector<std::string> kInteropTests = {"tdc_checkpoint_interop_test", "tdc_pipelining_parity_test"};
+const std::vector<std::string> kOtherCellsTests = {"tdc_checkpoint_interop_test", "tdc_pipelining_parity_test",
+                                                   "tdc_conformance", "tdc_parity"};
 
 const std::vector<OptionSpec> kCompatOptions = {
     {"torch", "V,V", "LibTorch releases (default every supported one: 2.11.0,2.12.1,2.13.0,2.14.1)"},
@@ -63,7 +69,9 @@ struct Cell {
   std::string status = "NOT_RUN";  // PASS, FAIL, NOT_RUN
   std::string detail;              // "66 PASS, 2 SKIP", "exit status 1", why not run
   double seconds = 0;
-  std::string log;  // relative to OUT
+  std::string log;       // relative to OUT
+  std::string revision;  // of the source tree it ran on: `git describe --always --dirty`
+  std::string finished;  // ISO time
 };
 
 struct Row {
@@ -137,6 +145,14 @@ void judge_ctest(const fs::path& log, int wait_status, Cell& cell) {
   cell.detail = total > 0 ? fmt::format("{}/{} CTest tests", total - failed, total) : describe_exit(wait_status);
 }
 
+// "c4025a2" or "c4025a2-dirty"; "unknown" outside a git checkout.
+std::string source_revision(const fs::path& source) {
+  const Captured c = capture({"git", "-C", source.string(), "describe", "--always", "--dirty"}, false, 30);
+  std::string r = c.output;
+  while (!r.empty() && std::isspace(static_cast<unsigned char>(r.back()))) r.pop_back();
+  return exit_code(c.status) == 0 && !r.empty() ? r : "unknown";
+}
+
 fs::path build_dir_of(const fs::path& source, const std::string& torch) {
   return torch == kDefaultTorch ? source / "build" : source / ("build-" + torch);
 }
@@ -171,12 +187,13 @@ void run_cell(const fs::path& source, const fs::path& out, Row& row, const std::
   } else if (suite == "unit" || suite == "interop") {
     // Through CTest, as `./tdc test` runs them: it also makes the goldens some unit suites need.
     // unit leaves out what the other cells run (interop, the seed suite, parity).
-    const std::string interop = "^(" + fmt::format("{}", fmt::join(kInteropTests, "|")) + ")$";
+    // (One -R or -E each: CTest keeps only the last of several.)
+    auto any_of = [](const std::vector<std::string>& names) { return fmt::format("^({})$", fmt::join(names, "|")); };
     std::vector<std::string> args = {"test"};
     if (suite == "interop")
-      args.insert(args.end(), {"-R", interop});
+      args.insert(args.end(), {"-R", any_of(kInteropTests)});
     else
-      args.insert(args.end(), {"-E", interop, "-E", "^(tdc_conformance|tdc_conformance_cap_default|tdc_parity.*)$"});
+      args.insert(args.end(), {"-E", any_of(kOtherCellsTests)});
     status = run_bootstrap(source, row.torch, args, out / cell.log);
     judge_ctest(out / cell.log, status, cell);
   } else if (suite == "seed") {
@@ -203,16 +220,21 @@ void run_cell(const fs::path& source, const fs::path& out, Row& row, const std::
                         : describe_exit(status);
   }
   cell.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  cell.revision = source_revision(source);
+  cell.finished = harness::iso_now();
   fmt::print(stderr, "tdc compat: torch {}: {} {} ({}; {})\n", row.torch, suite, cell.status, cell.detail,
              format_duration(cell.seconds));
 }
 
 std::string render_matrix(const std::vector<Row>& rows) {
-  std::string out = "| LibTorch | " + fmt::format("{}", fmt::join(kSuites, " | ")) + " |\n|---|";
-  for (size_t i = 0; i < kSuites.size(); ++i) out += "---|";
+  std::string out = "| LibTorch | " + fmt::format("{}", fmt::join(kSuites, " | ")) + " | tdc revision |\n|---|";
+  for (size_t i = 0; i <= kSuites.size(); ++i) out += "---|";
   out += "\n";
   for (const Row& r : rows) {
     out += fmt::format("| {} |", r.libtorch.empty() ? r.torch : r.libtorch);
+    std::set<std::string> revisions;  // of the cells that ran
+    for (const auto& [s, c] : r.cells)
+      if (!c.revision.empty()) revisions.insert(c.revision);
     for (const auto& s : kSuites) {
       auto it = r.cells.find(s);
       if (it == r.cells.end()) {
@@ -226,7 +248,7 @@ std::string render_matrix(const std::vector<Row>& rows) {
                                               : "⏸",
                          c.status, c.detail.empty() ? "" : " (" + c.detail + ")");
     }
-    out += "\n";
+    out += fmt::format(" {} |\n", revisions.empty() ? "—" : fmt::format("{}", fmt::join(revisions, ", ")));
   }
   return out;
 }
@@ -238,7 +260,8 @@ void write_file(const fs::path& p, const std::string& text) {
 }
 
 // Replaces what lies between the markers; the file must have them (nothing else is touched).
-void write_doc(const fs::path& doc, const std::string& block) {
+// With `block` nullopt, only checks that it could.
+void write_doc(const fs::path& doc, const std::optional<std::string>& block) {
   std::ifstream in(doc);
   if (!in) throw UsageError(fmt::format("compat: --doc '{}' cannot be read", doc.string()));
   std::stringstream ss;
@@ -249,7 +272,57 @@ void write_doc(const fs::path& doc, const std::string& block) {
     throw UsageError(
         fmt::format("compat: --doc '{}' lacks the markers '{}' ... '{}'", doc.string(), kDocBegin, kDocEnd));
   b += std::string(kDocBegin).size();
-  write_file(doc, text.substr(0, b) + "\n" + block + text.substr(e));
+  if (block) write_file(doc, text.substr(0, b) + "\n" + *block + text.substr(e));
+}
+
+json to_json(const std::vector<Row>& rows) {
+  json j = json::array();
+  for (const Row& r : rows) {
+    json cells = json::object();
+    for (const auto& [s, c] : r.cells)
+      cells[s] = {{"status", c.status}, {"detail", c.detail},     {"seconds", c.seconds},
+                  {"log", c.log},       {"revision", c.revision}, {"finished", c.finished}};
+    j.push_back({{"torch", r.torch}, {"libtorch", r.libtorch}, {"cells", cells}});
+  }
+  return j;
+}
+
+// [Note: compat rows accumulate] OUT/compat.json keeps every cell that ran into OUT, each with
+// the revision it ran on: `tdc compat --torch 2.14.1 --suites unit` re-runs one cell and keeps the
+// rest, and releases run one at a time (or on two machines' worth of evenings) add up to one
+// matrix. A fresh matrix is a fresh --out.
+std::vector<Row> read_previous(const fs::path& file) {
+  std::vector<Row> rows;
+  if (!fs::exists(file)) return rows;
+  std::ifstream in(file);
+  json j = json::parse(in, nullptr, false);
+  auto bad = [&](const std::string& what) {
+    return UsageError(fmt::format("compat: '{}' is not a compat matrix ({}): move it away or choose another --out",
+                                  file.string(), what));
+  };
+  if (!j.is_array()) throw bad("not a JSON array");
+  for (const auto& r : j) {
+    if (!r.is_object() || !r.contains("torch") || !r["torch"].is_string() || !r.contains("cells") ||
+        !r["cells"].is_object())
+      throw bad("a row lacks 'torch' or 'cells'");
+    Row row;
+    row.torch = r["torch"].get<std::string>();
+    if (!contains(kSupportedTorch, row.torch)) throw bad(fmt::format("row '{}' is not a supported release", row.torch));
+    row.libtorch = r.value("libtorch", "");
+    for (const auto& [name, c] : r["cells"].items()) {
+      if (!contains(kSuites, name) || !c.is_object()) throw bad(fmt::format("row '{}': cell '{}'", row.torch, name));
+      Cell cell;
+      cell.status = c.value("status", "NOT_RUN");
+      cell.detail = c.value("detail", "");
+      cell.seconds = c.value("seconds", 0.0);
+      cell.log = c.value("log", "");
+      cell.revision = c.value("revision", "");
+      cell.finished = c.value("finished", "");
+      row.cells[name] = cell;
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
 }
 
 }  // namespace
@@ -280,36 +353,38 @@ int compat_command(const std::vector<std::string>& args) {
   std::optional<fs::path> doc;
   if (auto d = a.get("doc")) {
     doc = fs::absolute(*d);
-    write_doc(*doc, "(running)\n");  // checks the markers before hours of builds
+    write_doc(*doc, std::nullopt);  // checks the markers before hours of builds
   }
 
-  std::vector<Row> rows;
+  // [Note: compat rows accumulate]
+  std::map<std::string, Row> by_torch;
+  for (Row& r : read_previous(out / "compat.json")) by_torch[r.torch] = std::move(r);
+  auto in_release_order = [&] {
+    std::vector<Row> rows;
+    for (const auto& t : kSupportedTorch)
+      if (auto it = by_torch.find(t); it != by_torch.end()) rows.push_back(it->second);
+    return rows;
+  };
   for (const auto& t : torches) {
-    Row row;
+    Row& row = by_torch[t];
     row.torch = t;
     for (const auto& s : kSuites) {
       if (!contains(suites, s)) continue;
       if (s != "build" && row.cells["build"].status != "PASS") {
-        row.cells[s].detail = "the build failed";
+        row.cells[s] = Cell{.detail = "the build failed"};
         continue;
       }
       run_cell(source, out, row, s);
       if (interrupted()) return kExitInterrupted;
+      write_file(out / "compat.json", to_json(in_release_order()).dump(2) + "\n");  // each cell as it ends
     }
-    rows.push_back(std::move(row));
   }
-
-  json j = json::array();
-  bool all_pass = true;
-  for (const Row& r : rows) {
-    json cells = json::object();
-    for (const auto& [s, c] : r.cells) {
-      cells[s] = {{"status", c.status}, {"detail", c.detail}, {"seconds", c.seconds}, {"log", c.log}};
-      if (c.status != "PASS") all_pass = false;
-    }
-    j.push_back({{"torch", r.torch}, {"libtorch", r.libtorch}, {"cells", cells}});
-  }
-  write_file(out / "compat.json", j.dump(2) + "\n");
+  const std::vector<Row> rows = in_release_order();
+  bool all_pass = true;  // of the cells this run ran
+  for (const auto& t : torches)
+    for (const auto& s : suites)
+      if (by_torch[t].cells[s].status != "PASS") all_pass = false;
+  write_file(out / "compat.json", to_json(rows).dump(2) + "\n");
   const std::string matrix = render_matrix(rows);
   write_file(out / "compat.md", "# tdc compat\n\n" + matrix);
   if (doc) write_doc(*doc, matrix);
