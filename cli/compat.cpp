@@ -3,6 +3,7 @@
 // the suites, and writes OUT/compat.json, OUT/compat.md, a report with a column per release, and,
 // with --doc, the matrix into a Markdown file between its markers.
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 
@@ -290,7 +292,8 @@ json to_json(const std::vector<Row>& rows) {
 // [Note: compat rows accumulate] OUT/compat.json keeps every cell that ran into OUT, each with
 // the revision it ran on: `tdc compat --torch 2.14.1 --suites unit` re-runs one cell and keeps the
 // rest, and releases run one at a time (or on two machines' worth of evenings) add up to one
-// matrix. A fresh matrix is a fresh --out.
+// matrix. A fresh matrix is a fresh --out. Two runs into one OUT at once (other releases each)
+// merge under a lock at every write; one release in two runs at once: the last write wins.
 std::vector<Row> read_previous(const fs::path& file) {
   std::vector<Row> rows;
   if (!fs::exists(file)) return rows;
@@ -359,10 +362,23 @@ int compat_command(const std::vector<std::string>& args) {
   // [Note: compat rows accumulate]
   std::map<std::string, Row> by_torch;
   for (Row& r : read_previous(out / "compat.json")) by_torch[r.torch] = std::move(r);
-  auto in_release_order = [&] {
+  // Writes this run's rows into OUT/compat.json as it is now (another `tdc compat` into the same
+  // OUT may have added other releases meanwhile), under a lock; returns every row, in release order.
+  auto save = [&] {
+    const int fd = ::open((out / ".compat.lock").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    const std::unique_ptr<const int, void (*)(const int*)> closer(&fd, [](const int* f) {
+      if (*f >= 0) ::close(*f);  // (releases the lock)
+    });
+    if (fd < 0 || ::flock(fd, LOCK_EX) != 0)
+      throw std::runtime_error(fmt::format("compat: cannot lock '{}'", (out / ".compat.lock").string()));
+    std::map<std::string, Row> now;
+    for (Row& r : read_previous(out / "compat.json")) now[r.torch] = std::move(r);
+    for (const auto& t : torches)
+      if (by_torch.count(t)) now[t] = by_torch[t];
     std::vector<Row> rows;
     for (const auto& t : kSupportedTorch)
-      if (auto it = by_torch.find(t); it != by_torch.end()) rows.push_back(it->second);
+      if (auto it = now.find(t); it != now.end()) rows.push_back(it->second);
+    write_file(out / "compat.json", to_json(rows).dump(2) + "\n");
     return rows;
   };
   for (const auto& t : torches) {
@@ -376,15 +392,14 @@ int compat_command(const std::vector<std::string>& args) {
       }
       run_cell(source, out, row, s);
       if (interrupted()) return kExitInterrupted;
-      write_file(out / "compat.json", to_json(in_release_order()).dump(2) + "\n");  // each cell as it ends
+      save();  // each cell as it ends
     }
   }
-  const std::vector<Row> rows = in_release_order();
+  const std::vector<Row> rows = save();
   bool all_pass = true;  // of the cells this run ran
   for (const auto& t : torches)
     for (const auto& s : suites)
       if (by_torch[t].cells[s].status != "PASS") all_pass = false;
-  write_file(out / "compat.json", to_json(rows).dump(2) + "\n");
   const std::string matrix = render_matrix(rows);
   write_file(out / "compat.md", "# tdc compat\n\n" + matrix);
   if (doc) write_doc(*doc, matrix);
