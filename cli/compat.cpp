@@ -179,6 +179,7 @@ void run_cell(const fs::path& source, const fs::path& out, Row& row, const std::
   const fs::path build = build_dir_of(source, row.torch);
   cell.log = fs::path(row.torch) / (suite + ".log");
   fmt::print(stderr, "tdc compat: torch {}: {} ...\n", row.torch, suite);
+  cell.revision = source_revision(source);  // what the cell builds and runs (at its start)
   auto t0 = std::chrono::steady_clock::now();
   int status = 0;
   if (suite == "build") {
@@ -222,7 +223,6 @@ void run_cell(const fs::path& source, const fs::path& out, Row& row, const std::
                         : describe_exit(status);
   }
   cell.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  cell.revision = source_revision(source);
   cell.finished = harness::iso_now();
   fmt::print(stderr, "tdc compat: torch {}: {} {} ({}; {})\n", row.torch, suite, cell.status, cell.detail,
              format_duration(cell.seconds));
