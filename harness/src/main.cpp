@@ -59,6 +59,11 @@ std::optional<std::string> preflight_error() {
   const internal::RunSettings& s = internal::settings();
   PreflightSettings p{s.backend, s.backend_lib, s.device_type};
   try {
+    if (s.backend == "nccl" && s.device_type != "cuda")
+      throw std::invalid_argument(fmt::format(
+          "backend 'nccl' works on CUDA tensors only, and the device is '{}': add --device cuda (or use gloo "
+          "on CPU)",
+          s.device_type));
     if (s.device_type == "cuda" && device_count() == 0)
       throw std::invalid_argument(
           "device 'cuda': no CUDA device is visible to this process (device count 0: a CPU-only "
