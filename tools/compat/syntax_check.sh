@@ -46,7 +46,7 @@ echo "syntax check: $total files of $db with $cxx ($($cxx --version | head -n 1)
 check_one() {  # DIR COMMAND  (run by xargs)
   local dir=$1 cmd=$2 i n file=""
   local -a words out
-  read -r -a words <<<"$cmd"
+  eval "words=($cmd)"  # the build's own command line: shell-quoted (-DX=\"a\ b\")
   out=("$CXX")
   n=${#words[@]}
   for ((i = 1; i < n; i++)); do
