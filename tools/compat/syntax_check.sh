@@ -36,11 +36,12 @@ command -v jq >/dev/null || { echo "$0: needs jq" >&2; exit 2; }
 
 logs=$(mktemp -d "${TMPDIR:-/tmp}/tdc-syntax.XXXXXX")
 trap 'rm -rf "$logs"' EXIT
-# One line per TU: its directory, then the command with the compiler replaced, -o and the PCH
+# Per TU: its directory, then the command with the compiler replaced, -o and the PCH
 # (-include .../cmake_pch.hxx, -Winvalid-pch) removed, -fsyntax-only added. The PCH's own TU
 # (cmake_pch.hxx.cxx) is skipped.
-jq -r '.[] | select(.file | test("cmake_pch") | not) | [.directory, .command] | @tsv' "$db" >"$logs/tus"
-total=$(wc -l <"$logs/tus")
+# (Two lines per TU, not @tsv: @tsv would double the backslashes of -DX=\"v\".)
+jq -r '.[] | select(.file | test("cmake_pch") | not) | .directory, .command' "$db" >"$logs/tus"
+total=$(($(wc -l <"$logs/tus") / 2))
 echo "syntax check: $total files of $db with $cxx ($($cxx --version | head -n 1)), $jobs at a time" >&2
 
 check_one() {  # DIR COMMAND  (run by xargs)
@@ -80,7 +81,7 @@ check_one() {  # DIR COMMAND  (run by xargs)
 }
 export -f check_one
 export CXX=$cxx LOGS=$logs NO_PCH=$no_pch
-tr '\t' '\n' <"$logs/tus" | xargs -d '\n' -n 2 -P "$jobs" bash -c 'check_one "$0" "$1"'
+xargs -d '\n' -n 2 -P "$jobs" bash -c 'check_one "$0" "$1"' <"$logs/tus"
 echo >&2
 failed=$(find "$logs" -maxdepth 1 -name '*.log' | wc -l)
 for f in "$logs"/*.log; do
