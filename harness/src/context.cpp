@@ -2,12 +2,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include <optional>
 #include <set>
 
 #include <ATen/Parallel.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <gtest/gtest-spi.h>
@@ -145,6 +148,16 @@ int cuda_device_count_from_child() {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 0;
 }
 }  // namespace
+
+std::string gpu_skip_reason(const std::string& backend, int world_size, int min_gpus, int gpus) {
+  const int for_backend = backend == "nccl" ? world_size : 0;
+  const int need = std::max(min_gpus, for_backend);
+  if (gpus >= need) return "";
+  const std::string why = for_backend >= min_gpus
+                              ? fmt::format("backend nccl runs one rank per GPU, world size {}", world_size)
+                              : fmt::format("skip_if_lt_x_gpu({})", min_gpus);
+  return fmt::format("Need at least {} CUDA device{} ({}; this machine has {})", need, need == 1 ? "" : "s", why, gpus);
+}
 
 int device_count() {
   if (detail::child_spec().active || internal::settings().launcher == Launcher::Thread) return cuda_device_count_here();

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <utility>
 
+#include <fmt/format.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -418,11 +419,14 @@ void internal::run_distributed(const char* suite, const char* name, const TestOp
     spec.launcher = Launcher::Spawn;
   }
   const int min_gpus = options.min_gpus;
-  auto wrapped = [body, min_gpus] {
-    // Decided inside the rank: asking CUDA in the parent would break fork().
-    if (min_gpus > 0 && device_count() < min_gpus)
-      GTEST_SKIP() << "skip_if_lt_x_gpu(" << min_gpus << "): need at least " << min_gpus
-                   << " accelerator devices, found " << device_count();
+  const int world_size = spec.world_size;
+  auto wrapped = [body, min_gpus, world_size] {
+    // [Note: tests that need more GPUs than there are]: decided inside the rank.
+    const std::string& backend = internal::settings().backend;
+    if (min_gpus > 0 || backend == "nccl") {
+      if (std::string why = gpu_skip_reason(backend, world_size, min_gpus, device_count()); !why.empty())
+        GTEST_SKIP() << why;
+    }
     body();
   };
 

@@ -438,7 +438,8 @@ TEST(HarnessMustFail, SkipDisagreementIsReported) {
 }
 TEST(HarnessMustFail, SkipOnAllRanks) { expect_status("SkipOnAllRanks", Status::Skip, {"nothing to do on this host"}); }
 TEST(HarnessMustFail, SkipIfLtXGpu) {
-  expect_status("SkipIfLtXGpu", Status::Skip, {"skip_if_lt_x_gpu(64)", "found 0"});
+  expect_status("SkipIfLtXGpu", Status::Skip,
+                {"Need at least 64 CUDA devices", "skip_if_lt_x_gpu(64)", "this machine has 0"});
 }
 TEST(HarnessMustFail, NotSupported) { expect_status("NotSupported", Status::NotSupported, {"CPUOffloadPolicy"}); }
 TEST(HarnessMustFail, MissingCapabilityIsNotSupported) {
@@ -571,6 +572,17 @@ TEST(HarnessMustFail, ForkAfterCudaLoadedUsesSpawn) {
   EXPECT_EQ(only_test(r).launcher, "spawn") << r.output;
   EXPECT_TRUE(contains(r.output, "the CUDA driver is loaded in the parent process")) << r.output;
   expect_clean(r);
+}
+
+// [Note: tests that need more GPUs than there are]: PyTorch's message, the count found, and why.
+TEST(HarnessGpuSkip, PyTorchsMessageWithTheCountFound) {
+  EXPECT_EQ(gpu_skip_reason("gloo", 4, 0, 0), "");  // CPU ranks need no GPU
+  EXPECT_EQ(gpu_skip_reason("nccl", 1, 0, 1), "");  // one rank, one GPU
+  EXPECT_EQ(gpu_skip_reason("nccl", 4, 0, 1),
+            "Need at least 4 CUDA devices (backend nccl runs one rank per GPU, world size 4; this machine has 1)");
+  EXPECT_EQ(gpu_skip_reason("gloo", 2, 1, 0), "Need at least 1 CUDA device (skip_if_lt_x_gpu(1); this machine has 0)");
+  EXPECT_EQ(gpu_skip_reason("nccl", 2, 4, 2), "Need at least 4 CUDA devices (skip_if_lt_x_gpu(4); this machine has 2)");
+  EXPECT_EQ(gpu_skip_reason("nccl", 8, 8, 8), "");
 }
 
 TEST(HarnessMustFail, UnknownFlagIsRejectedWithItsName) {

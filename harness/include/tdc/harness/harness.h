@@ -67,6 +67,13 @@ void barrier();
 // Number of accelerator devices visible to this process (0 on a CPU-only build or host).
 int device_count();
 
+// [Note: tests that need more GPUs than there are] PyTorch's skip (common_distributed's
+// TEST_SKIPS["multi-gpu-n"]: "Need at least n CUDA devices") with the number found: a test asks
+// for `min_gpus` (skip_if_lt_x_gpu), and NCCL needs one GPU per rank (it refuses two ranks on one
+// GPU), so backend "nccl" needs `world_size`. Empty when `gpus` suffice. Decided inside the rank
+// (asking CUDA in a fork-launcher parent would break fork()).
+std::string gpu_skip_reason(const std::string& backend, int world_size, int min_gpus, int gpus);
+
 // ------------------------------------------------------------------ capabilities
 // The implementation under test declares the features it has (e.g. "fsdp2.cpu_offload",
 // "dtensor.strided_shard"); a test that needs one it lacks reports NOT_SUPPORTED, never PASS.
@@ -128,10 +135,9 @@ struct SuiteRegistrar {
     } else                        \
       GTEST_SKIP() << reason
 
-#define TDC_SKIP_IF_LT_X_GPU(n)                                                                              \
-  TDC_SKIP_IF(::tdc::harness::device_count() < (n), "skip_if_lt_x_gpu(" << (n) << "): need at least " << (n) \
-                                                                        << " accelerator devices, found "    \
-                                                                        << ::tdc::harness::device_count())
+#define TDC_SKIP_IF_LT_X_GPU(n)                                                                     \
+  TDC_SKIP_IF(!::tdc::harness::gpu_skip_reason("", 0, (n), ::tdc::harness::device_count()).empty(), \
+              ::tdc::harness::gpu_skip_reason("", 0, (n), ::tdc::harness::device_count()))
 
 #define TDC_SKIP_UNLESS_BACKEND(name)                  \
   TDC_SKIP_IF(::tdc::harness::ctx().backend != (name), \
