@@ -65,7 +65,9 @@ using namespace tdc;
 using checkpoint::StateDict;
 using checkpoint::StateDictOptions;
 using checkpoint::Value;
+using conformance::assert_equal;  // self.assertEqual
 using conformance::state_dicts_equal;
+using conformance::torch_allclose;  // torch.allclose
 using harness::ctx;
 using tensor::DTensor;
 using tensor::Replicate;
@@ -73,16 +75,6 @@ using tensor::Shard;
 using FSDP = fsdp1::FullyShardedDataParallel;
 
 constexpr int kWorld = 4;  // the classes' world_size
-
-// torch.allclose(a, b): rtol 1e-5, atol 1e-8.
-::testing::AssertionResult torch_allclose(const at::Tensor& a, const at::Tensor& b) {
-  return conformance::all_close(a, b, 1e-5, 1e-8);
-}
-
-// assertEqual on float32 tensors: torch.testing's defaults (rtol 1.3e-6, atol 1e-5).
-::testing::AssertionResult assert_equal(const at::Tensor& actual, const at::Tensor& expected) {
-  return conformance::all_close(actual, expected);
-}
 
 // Local tensors that loading restored by copy: equal bit for bit.
 ::testing::AssertionResult exactly_equal(const at::Tensor& actual, const at::Tensor& expected) {

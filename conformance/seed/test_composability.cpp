@@ -191,7 +191,7 @@ void test_pp_ddp(ScheduleKind kind) {
     for (auto& [name, p] : pp.partial_models[i]->named_params()) {
       const std::string ref = ref_name(name, pp.offsets[i], /*drop_ddp_prefix=*/true);
       ASSERT_TRUE(p.grad().defined()) << name;
-      EXPECT_TRUE(conformance::all_close(p.grad(), ref_grad(*ref_model, ref))) << "gradient of " << ref;
+      EXPECT_TRUE(conformance::assert_close(p.grad(), ref_grad(*ref_model, ref))) << "gradient of " << ref;
     }
   }
 }
@@ -252,7 +252,8 @@ void test_pp_fsdp(const std::string& dp_type, ScheduleKind kind) {
     for (auto& np : tensor::named_params_with_specs(*pp.partial_models[i])) {
       const std::string ref = ref_name(np.fqn, pp.offsets[i], /*drop_ddp_prefix=*/false);
       ASSERT_TRUE(np.dtensor.has_value()) << np.fqn << ": its gradient must be a DTensor";
-      EXPECT_TRUE(conformance::all_close(np.full_grad(), ref_grad(*ref_model, ref), /*rtol=*/2e-2, /*atol=*/5e-5))
+      EXPECT_TRUE(
+          conformance::assert_close(np.full_grad(), ref_grad(*ref_model, ref), conformance::Tolerance{2e-2, 5e-5}))
           << "gradient of " << ref;
     }
   }

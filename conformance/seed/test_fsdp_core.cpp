@@ -106,32 +106,6 @@ ShardingStrategy sharding_strategy_of(const std::string& name) {
   throw std::invalid_argument("unknown ShardingStrategy '" + name + "'");
 }
 
-// torch.testing's default tolerances of one dtype (rtol, atol).
-std::pair<double, double> default_tolerance(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kHalf:
-      return {1e-3, 1e-5};
-    case at::kBFloat16:
-      return {1.6e-2, 1e-5};
-    case at::kDouble:
-      return {1e-7, 1e-7};
-    default:
-      return {conformance::kFloat32Rtol, conformance::kFloat32Atol};
-  }
-}
-
-// torch.testing.assert_close(actual, expected, check_dtype=...) with the default tolerances: those
-// of the dtype, or with check_dtype=False and two dtypes the looser of the two (PyTorch's rule).
-::testing::AssertionResult assert_close(const at::Tensor& actual, const at::Tensor& expected, bool check_dtype = true) {
-  if (check_dtype && actual.defined() && expected.defined() && actual.scalar_type() != expected.scalar_type()) {
-    return ::testing::AssertionFailure() << "dtype " << actual.scalar_type() << " but the expected tensor's is "
-                                         << expected.scalar_type();
-  }
-  auto [rtol_a, atol_a] = default_tolerance(actual.defined() ? actual.scalar_type() : at::kFloat);
-  auto [rtol_e, atol_e] = default_tolerance(expected.defined() ? expected.scalar_type() : at::kFloat);
-  return conformance::all_close(actual, expected, std::max(rtol_a, rtol_e), std::max(atol_a, atol_e));
-}
-
 // torch.amp.autocast(device_type, enabled=...) as an RAII guard. The dtype is fp16, CUDA's
 // autocast dtype: PyTorch runs these tests on accelerators, where autocast means fp16 (CPU
 // autocast would default to bf16).
@@ -386,8 +360,9 @@ void assert_params_equal(const std::vector<at::Tensor>& ddp_params, const std::v
   for (size_t i = 0; i < ddp_params.size(); ++i) {
     EXPECT_EQ(ddp_params[i].device(), fsdp_params[i].device())
         << "FSDP did not match DDP: device of parameter " << i << " (DDP '" << ddp_names[i] << "')";
-    EXPECT_TRUE(assert_close(ddp_params[i], fsdp_params[i])) << "FSDP did not match DDP: parameter " << i << " (DDP '"
-                                                             << ddp_names[i] << "', FSDP '" << fsdp_names[i] << "')";
+    EXPECT_TRUE(conformance::assert_equal(ddp_params[i], fsdp_params[i], conformance::Equal{.exact_device = true}))
+        << "FSDP did not match DDP: parameter " << i << " (DDP '" << ddp_names[i] << "', FSDP '" << fsdp_names[i]
+        << "')";
   }
 }
 
@@ -470,7 +445,7 @@ void _test_fsdp_parity(const ModelClass& model_class, FSDPInitMode fsdp_init_mod
   // the case of mixed precision. There the tolerance is PyTorch's for a float32 / float16 pair
   // (the looser dtype's: rtol 1e-3, atol 1e-5), unchanged on CPU: both sides run the same fp16
   // linear kernels and differ by the rounding of the float16 sum.
-  EXPECT_TRUE(assert_close(ref_loss, fsdp_loss, /*check_dtype=*/false))
+  EXPECT_TRUE(conformance::assert_close(ref_loss, fsdp_loss, {.check_dtype = false}))
       << "loss: reference " << ref_loss.item<double>() << " (" << ref_loss.scalar_type() << "), FSDP "
       << fsdp_loss.item<double>() << " (" << fsdp_loss.scalar_type() << ")";
   // No parameter parity with mixed precision (the reference steps full-precision parameters
@@ -640,7 +615,8 @@ void test_param_change_after_init(bool mixed_precision) {
     params.front().normal_();
   }
   at::Tensor new_output = (*new_fsdp_model)(input).at(0);
-  EXPECT_FALSE(assert_close(ref_output, new_output)) << "new_output did not reflect change to param after init";
+  EXPECT_TRUE(conformance::assert_not_equal(ref_output, new_output))
+      << "new_output did not reflect change to param after init";
 }
 
 // ---------------------------------------------------------------- TestHooks
@@ -738,7 +714,7 @@ void test_transformer_no_grad(bool mixed_precision) {
     at::NoGradGuard no_grad;
     no_grad_output = (*fsdp_model)(input).at(0);
   }
-  EXPECT_TRUE(assert_close(ref_output, no_grad_output));
+  EXPECT_TRUE(conformance::assert_equal(ref_output, no_grad_output));
 }
 
 // ---------------------------------------------------------------- TestAutograd

@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <gtest/gtest.h>
 #include <torch/optim/adam.h>
@@ -37,13 +38,9 @@
 namespace {
 
 using namespace tdc;
+using conformance::assert_equal;  // self.assertEqual
 using harness::Axis;
 using harness::ctx;
-// assertEqual on float32 tensors: torch.testing's defaults.
-::testing::AssertionResult assert_equal(const at::Tensor& actual, const at::Tensor& expected) {
-  return conformance::all_close(actual, expected);
-}
-
 // Copy without a version bump (the original's `out` path does this under no_grad on a
 // non-leaf; autograd saved aliases of `dst`).
 void copy_quietly(const at::Tensor& dst, const at::Tensor& src) {
@@ -61,7 +58,7 @@ const c10::StorageImpl* storage_of(const at::Tensor& t) { return t.storage().uns
 struct TwoBuffers {
   std::unordered_map<const c10::StorageImpl*, at::Tensor> b_of;
   bool expect_equal = true;  // b must equal a (false after a random init that draws separately)
-  int post_calls_without_out = 0, post_calls_with_out = 0, aliased_checks = 0;
+  int post_calls_without_out = 0, post_calls_with_out = 0, aliased_checks = 0, cast_copies = 0;
   at::Tensor& b(const at::Tensor& a, const std::string& who) {
     auto it = b_of.find(storage_of(a));
     if (it == b_of.end()) throw std::runtime_error(who + ": tensor is not a two-buffer tensor");
@@ -101,6 +98,13 @@ fsdp::AllGatherExtension two_tensor_extension(int version) {
         }
         ++two.aliased_checks;
       } else {
+        // assert out.a.dtype == param_dtype and out.b.dtype == param_dtype, as the original.
+        if (out->scalar_type() != param_dtype || out_b.scalar_type() != param_dtype) {
+          throw std::runtime_error(fmt::format("post_all_gather(out): out.a is {} and out.b is {}, param_dtype {}",
+                                               c10::toString(out->scalar_type()), c10::toString(out_b.scalar_type()),
+                                               c10::toString(param_dtype)));
+        }
+        ++two.cast_copies;
         copy_quietly(*out, a);
         copy_quietly(out_b, b);
       }
@@ -255,6 +259,8 @@ void _test_all_gather_extensions_end_to_end(int version, bool reshard_after_forw
   EXPECT_GT(two.post_calls_without_out, 0);
   if (reshard_after_forward) {
     EXPECT_GT(two.post_calls_with_out, 0);
+    // The gathered fp32 (a, b) are cast into bf16 `out`s: the branch whose dtype asserts ran.
+    EXPECT_EQ(two.cast_copies, two.post_calls_with_out);
   }
 }
 

@@ -9,19 +9,6 @@
 
 namespace tdc::conformance {
 
-::testing::AssertionResult all_close(const at::Tensor& actual, const at::Tensor& expected, double rtol, double atol) {
-  if (!actual.defined()) return ::testing::AssertionFailure() << "the tensor is undefined";
-  if (!expected.defined()) return ::testing::AssertionFailure() << "the reference tensor is undefined";
-  if (actual.sizes() != expected.sizes())
-    return ::testing::AssertionFailure() << "shape " << actual.sizes() << " but the reference has " << expected.sizes();
-  at::Tensor a = actual.detach().to(at::kDouble), e = expected.detach().to(at::kDouble);
-  at::Tensor bad = (a - e).abs() > (atol + rtol * e.abs());
-  if (!bad.any().item<bool>()) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << bad.sum().item<int64_t>() << " of " << a.numel()
-                                       << " elements differ beyond rtol " << rtol << ", atol " << atol
-                                       << "; max |diff| " << (a - e).abs().max().item<double>();
-}
-
 nn::ModulePtr reference_copy(const nn::Module& model) {
   auto group = world();
   nn::ModulePtr ref = model.deep_copy();
@@ -61,14 +48,14 @@ void sync_from_rank0(nn::Module& model) {
     auto chunk = [&](const at::Tensor& full) {
       return tensor::distribute_tensor(full.detach(), spec.mesh, spec.placements).to_local();
     };
-    if (auto r = all_close(got[i].tensor, chunk(want[i].second)); !r)
+    if (auto r = assert_equal(got[i].tensor, chunk(want[i].second)); !r)
       return ::testing::AssertionFailure() << "shard of '" << fqn << "': " << r.message();
     const at::Tensor& rg = want[i].second.grad();
     if (got[i].tensor.grad().defined() != rg.defined())
       return ::testing::AssertionFailure() << "'" << fqn << "' has " << (rg.defined() ? "no " : "a ")
                                            << "gradient but the reference has " << (rg.defined() ? "one" : "none");
     if (rg.defined()) {
-      if (auto r = all_close(got[i].tensor.grad(), chunk(rg)); !r)
+      if (auto r = assert_equal(got[i].tensor.grad(), chunk(rg)); !r)
         return ::testing::AssertionFailure() << "shard gradient of '" << fqn << "': " << r.message();
     }
   }

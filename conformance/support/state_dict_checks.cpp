@@ -46,7 +46,7 @@ using checkpoint::Value;
              << "'" << key << "': " << at_.toString() << at_.sizes() << " != " << et.toString() << et.sizes();
     }
     if (at::isFloatingType(et.scalar_type())) {
-      auto r = all_close(at_, et);
+      auto r = assert_equal(at_, et);
       if (!r) return ::testing::AssertionFailure() << "'" << key << "': " << r.message();
     } else if (!at::equal(at_, et)) {
       return ::testing::AssertionFailure() << "'" << key << "': values differ";

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include <ATen/ATen.h>
@@ -24,6 +25,7 @@
 #include "tdc/conformance/support.h"
 #include "tdc/harness/harness.h"
 #include "tdc/harness/subtests.h"
+#include "tdc/libtorch_compat.h"
 
 namespace {
 
@@ -48,10 +50,12 @@ at::Tensor input_of(int rank, at::IntArrayRef shape, int salt = 0) {
   return ((at::arange(numel, at::kDouble) * 3 + rank * 7 + salt * 5).remainder(13) - 6).view(shape);
 }
 
-// A tolerance fitting the dtype (exact where the result is an exact small integer).
-double dtype_tol(const at::Tensor& t) {
+// A collective's result against the fp64 reference cast to its dtype: same dtype, within a tolerance
+// fitting the dtype's rounding (exact where the result is an exact small integer).
+::testing::AssertionResult close_in_dtype(const at::Tensor& t, const at::Tensor& expected) {
   const auto dt = t.scalar_type();
-  return dt == at::kBFloat16 ? 1e-2 : dt == at::kHalf ? 1e-3 : dt == at::kFloat ? 1e-6 : 1e-12;
+  const double tol = dt == at::kBFloat16 ? 1e-2 : dt == at::kHalf ? 1e-3 : dt == at::kFloat ? 1e-6 : 1e-12;
+  return tdc::conformance::assert_close(t, expected, tdc::conformance::Tolerance{tol, tol});
 }
 
 at::Tensor reduce_f64(const std::vector<at::Tensor>& xs, ReduceOp op) {
@@ -86,40 +90,35 @@ void check_collective(const std::string& op, at::ScalarType dt, const GroupPtr& 
     ReduceOp rop = op_of(suffix("all_reduce_"));
     at::Tensor t = mine.clone();
     all_reduce(t, rop, g);
-    EXPECT_TRUE(tdc::conformance::all_close(t, reduce_f64(all, rop).to(dt), dtype_tol(t), dtype_tol(t))) << op;
+    EXPECT_TRUE(close_in_dtype(t, reduce_f64(all, rop).to(dt))) << op;
     // Non-contiguous in place: a transposed view is reduced and written back through the view.
     at::Tensor base = mine.t().contiguous();
     at::Tensor view = base.t();
     ASSERT_FALSE(view.is_contiguous());
     all_reduce(view, rop, g);
-    EXPECT_TRUE(
-        tdc::conformance::all_close(base.t(), reduce_f64(all, rop).to(dt), dtype_tol(base.t()), dtype_tol(base.t())))
-        << op + " (non-contiguous)";
+    EXPECT_TRUE(close_in_dtype(base.t(), reduce_f64(all, rop).to(dt))) << op + " (non-contiguous)";
   } else if (op == "all_gather_into_tensor") {
     at::Tensor out = at::empty({n * mine.size(0), 3}, mine.options());
     all_gather_into_tensor(out, mine, g);
-    EXPECT_TRUE(tdc::conformance::all_close(out, at::cat(all).to(dt), dtype_tol(out), dtype_tol(out))) << op;
+    EXPECT_TRUE(close_in_dtype(out, at::cat(all).to(dt))) << op;
     // Stacked output form and a non-contiguous input.
     at::Tensor stacked = at::empty({n, mine.size(1), mine.size(0)}, mine.options());
     all_gather_into_tensor(stacked, mine.t(), g);
     std::vector<at::Tensor> ts;
     for (auto& x : all) ts.push_back(x.t());
-    EXPECT_TRUE(tdc::conformance::all_close(stacked, at::stack(ts).to(dt), dtype_tol(stacked), dtype_tol(stacked)))
-        << op + " (stacked, non-contiguous input)";
+    EXPECT_TRUE(close_in_dtype(stacked, at::stack(ts).to(dt))) << op + " (stacked, non-contiguous input)";
   } else if (op.rfind("reduce_scatter_", 0) == 0) {
     const bool emu = op.rfind("reduce_scatter_emulated_", 0) == 0;
     ReduceOp rop = op_of(suffix(emu ? "reduce_scatter_emulated_" : "reduce_scatter_"));
     at::Tensor out = at::empty({2, 3}, mine.options());
     reduce_scatter_tensor(out, mine, rop, emu ? emulated : g);
-    EXPECT_TRUE(
-        tdc::conformance::all_close(out, reduce_f64(all, rop).chunk(n)[r].to(dt), dtype_tol(out), dtype_tol(out)))
-        << op;
+    EXPECT_TRUE(close_in_dtype(out, reduce_f64(all, rop).chunk(n)[r].to(dt))) << op;
   } else if (op == "all_to_all_even") {
     at::Tensor out = at::empty_like(mine);
     all_to_all_single(out, mine, {}, {}, g);
     std::vector<at::Tensor> parts;
     for (int k = 0; k < n; ++k) parts.push_back(all[k].chunk(n)[r]);
-    EXPECT_TRUE(tdc::conformance::all_close(out, at::cat(parts).to(dt), dtype_tol(out), dtype_tol(out))) << op;
+    EXPECT_TRUE(close_in_dtype(out, at::cat(parts).to(dt))) << op;
   } else if (op == "all_to_all_uneven") {
     // Rank k sends (k + j) % 3 rows to rank j.
     auto rows = [](int from, int to) -> int64_t { return (from + to) % 3; };
@@ -141,12 +140,12 @@ void check_collective(const std::string& op, at::ScalarType dt, const GroupPtr& 
       for (int j = 0; j < r; ++j) offset += rows(k, j);
       parts.push_back(input_of_rank(k).narrow(0, offset, rows(k, r)));
     }
-    EXPECT_TRUE(tdc::conformance::all_close(out, at::cat(parts).to(dt), dtype_tol(out), dtype_tol(out))) << op;
+    EXPECT_TRUE(close_in_dtype(out, at::cat(parts).to(dt))) << op;
   } else if (op == "broadcast") {
     const int src = n - 1;
     at::Tensor t = mine.clone();
     broadcast(t, src, g);
-    EXPECT_TRUE(tdc::conformance::all_close(t, all[src].to(dt), dtype_tol(t), dtype_tol(t))) << op;
+    EXPECT_TRUE(close_in_dtype(t, all[src].to(dt))) << op;
   } else if (op == "send_recv") {
     // A ring: everyone sends to the next rank and receives from the previous one. The sends are
     // kept pending (Work) so that the blocking receives cannot deadlock.
@@ -154,7 +153,7 @@ void check_collective(const std::string& op, at::ScalarType dt, const GroupPtr& 
     at::Tensor got = at::empty_like(mine);
     recv(got, (r + n - 1) % n, g).wait();
     sent.wait();
-    EXPECT_TRUE(tdc::conformance::all_close(got, all[(r + n - 1) % n].to(dt), dtype_tol(got), dtype_tol(got))) << op;
+    EXPECT_TRUE(close_in_dtype(got, all[(r + n - 1) % n].to(dt))) << op;
   } else if (op == "async") {
     // Several collectives in flight at once, waited in reverse order; AVG's emulation step runs in
     // wait().
@@ -168,12 +167,9 @@ void check_collective(const std::string& op, at::ScalarType dt, const GroupPtr& 
     wa.wait();
     wa.wait();  // waiting twice is a no-op
     EXPECT_TRUE(wa.done());
-    EXPECT_TRUE(tdc::conformance::all_close(a, reduce_f64(all, ReduceOp::AVG).to(dt), dtype_tol(a), dtype_tol(a)))
-        << "async AVG";
-    EXPECT_TRUE(tdc::conformance::all_close(b, reduce_f64(all, ReduceOp::MAX).to(dt), dtype_tol(b), dtype_tol(b)))
-        << "async MAX";
-    EXPECT_TRUE(tdc::conformance::all_close(gathered, at::cat(all).to(dt), dtype_tol(gathered), dtype_tol(gathered)))
-        << "async all_gather";
+    EXPECT_TRUE(close_in_dtype(a, reduce_f64(all, ReduceOp::AVG).to(dt))) << "async AVG";
+    EXPECT_TRUE(close_in_dtype(b, reduce_f64(all, ReduceOp::MAX).to(dt))) << "async MAX";
+    EXPECT_TRUE(close_in_dtype(gathered, at::cat(all).to(dt))) << "async all_gather";
   } else if (op == "barrier") {
     barrier(g);
   } else {
@@ -202,10 +198,11 @@ void run_collectives() {
   GroupPtr emulated = new_group(everyone);
   emulated->use_emulations();
   if (world->backend_name() == "gloo") {
-    EXPECT_FALSE(world->native_avg());            // Gloo has no AVG
-    EXPECT_TRUE(world->native_reduce_scatter());  // probed in LibTorch 2.13: honours the op
+    EXPECT_FALSE(world->native_avg());  // Gloo has no AVG
+    // Declared by the registry: native where Gloo's honours the op ([Note: Gloo's reduce-scatter honours the op]).
+    EXPECT_EQ(world->native_reduce_scatter(), std::optional<bool>(tdc::compat::kGlooReduceScatterHonoursOp));
   }
-  EXPECT_FALSE(emulated->native_reduce_scatter());
+  EXPECT_EQ(emulated->native_reduce_scatter(), std::optional<bool>(false));
   tdc::harness::subtests({{"dtype", kDtypes}, {"op", collective_names()}}, [&](const Params& p) {
     check_collective(p.get<std::string>("op"), dtype_of(p.get<std::string>("dtype")), world, emulated);
   });
@@ -248,11 +245,10 @@ void check_functional(const std::string& fn, at::ScalarType dt, int64_t dim, con
     for (int k = 0; k < n; ++k) w.push_back(weight(k, expected_y.sizes()));
     expected_grad = at::stack(w).sum(0);
   }
-  EXPECT_TRUE(tdc::conformance::all_close(y, expected_y.to(dt), dtype_tol(y), dtype_tol(y))) << fn + " forward";
+  EXPECT_TRUE(close_in_dtype(y, expected_y.to(dt))) << fn + " forward";
   (y * weight(r, y.sizes()).to(dt)).sum().backward();
   ASSERT_TRUE(x.grad().defined()) << fn;
-  EXPECT_TRUE(tdc::conformance::all_close(x.grad(), expected_grad.to(dt), dtype_tol(x.grad()), dtype_tol(x.grad())))
-      << fn + " gradient";
+  EXPECT_TRUE(close_in_dtype(x.grad(), expected_grad.to(dt))) << fn + " gradient";
 }
 
 TDC_DIST_TEST(CommTest, FunctionalCollectives, .world_size = 4) {
@@ -542,7 +538,7 @@ TDC_DIST_TEST(CommTest, BackendRegistryAndExamplePlugin, .world_size = 4) {
   opts.name = "example-world";
   GroupPtr ex = new_group({0, 1, 2, 3}, opts);
   EXPECT_EQ(ex->backend().getBackendName(), "example");
-  EXPECT_FALSE(ex->native_reduce_scatter());  // unknown backend: tdc's emulation
+  EXPECT_FALSE(ex->native_reduce_scatter().has_value());  // undeclared: the first reduce-scatter tells
   // Checks off so that every op the backend serves is one of ours.
   set_argument_checks(false);
   const int64_t before = served();
@@ -550,27 +546,59 @@ TDC_DIST_TEST(CommTest, BackendRegistryAndExamplePlugin, .world_size = 4) {
   for (int k = 0; k < 4; ++k) all.push_back(input_of(k, {8, 2}).to(at::kFloat));
   at::Tensor t = all[r].clone();
   all_reduce(t, ReduceOp::AVG, ex);
-  EXPECT_TRUE(tdc::conformance::all_close(t, reduce_f64(all, ReduceOp::AVG).to(at::kFloat), dtype_tol(t), dtype_tol(t)))
-      << "example all_reduce AVG";
+  EXPECT_TRUE(close_in_dtype(t, reduce_f64(all, ReduceOp::AVG).to(at::kFloat))) << "example all_reduce AVG";
   at::Tensor gathered = at::empty({32, 2});
   all_gather_into_tensor(gathered, all[r], ex);
-  EXPECT_TRUE(
-      tdc::conformance::all_close(gathered, at::cat(all).to(at::kFloat), dtype_tol(gathered), dtype_tol(gathered)))
-      << "example all_gather";
+  EXPECT_TRUE(close_in_dtype(gathered, at::cat(all).to(at::kFloat))) << "example all_gather";
   at::Tensor shard = at::empty({2, 2});
-  reduce_scatter_tensor(shard, all[r], ReduceOp::SUM, ex);  // served as one alltoall_base
-  EXPECT_TRUE(tdc::conformance::all_close(shard, reduce_f64(all, ReduceOp::SUM).chunk(4)[r].to(at::kFloat),
-                                          dtype_tol(shard), dtype_tol(shard)))
+  reduce_scatter_tensor(shard, all[r], ReduceOp::SUM, ex);  // refused by c10d's Backend: one alltoall_base
+  EXPECT_TRUE(close_in_dtype(shard, reduce_f64(all, ReduceOp::SUM).chunk(4)[r].to(at::kFloat)))
       << "example reduce_scatter";
+  EXPECT_EQ(ex->native_reduce_scatter(), std::optional<bool>(false));
   at::Tensor b = all[r].clone();
   broadcast(b, 2, ex);
-  EXPECT_TRUE(tdc::conformance::all_close(b, all[2].to(at::kFloat), dtype_tol(b), dtype_tol(b))) << "example broadcast";
+  EXPECT_TRUE(close_in_dtype(b, all[2].to(at::kFloat))) << "example broadcast";
   barrier(ex);
   EXPECT_EQ(served() - before, 5);
   set_argument_checks(true);
   at::Tensor checked = at::ones({2});
   all_reduce(checked, ReduceOp::SUM, ex);  // with checks: fingerprint all-gather + the op
   EXPECT_EQ(served() - before, 7);
+}
+
+// [Note: native ops or emulation]: a plug-in's own reduce-scatter is the one that runs, so a
+// wrong one shows in the results instead of being papered over by tdc's emulation.
+TDC_DIST_TEST(CommTest, PluginsOwnReduceScatterIsUsed, .world_size = 4) {
+  tdc::conformance::world();
+  auto& registry = BackendRegistry::instance();
+  const std::string lib = build_dir() + "/libtdc_example_backend.so";
+  registry.load_plugin(lib);
+  void* handle = dlopen(lib.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  ASSERT_NE(handle, nullptr) << dlerror();
+  auto reduce_scatters = reinterpret_cast<int64_t (*)()>(dlsym(handle, "tdc_example_backend_reduce_scatters"));
+  ASSERT_NE(reduce_scatters, nullptr);
+  const int r = tdc::harness::ctx().rank;
+  std::vector<at::Tensor> all;
+  for (int k = 0; k < 4; ++k) all.push_back(input_of(k, {8, 2}).to(at::kFloat));
+  const at::Tensor want = reduce_f64(all, ReduceOp::SUM).chunk(4)[r].to(at::kFloat);
+  for (const std::string name : {"example_rs", "example_bad_rs"}) {
+    SCOPED_TRACE(name);
+    GroupOptions opts;
+    opts.backend = name;
+    opts.name = name;
+    GroupPtr g = new_group({0, 1, 2, 3}, opts);
+    EXPECT_FALSE(g->native_reduce_scatter().has_value());
+    const int64_t before = reduce_scatters();
+    at::Tensor shard = at::empty({2, 2});
+    reduce_scatter_tensor(shard, all[r], ReduceOp::SUM, g);
+    EXPECT_EQ(reduce_scatters() - before, 1) << "the plug-in's _reduce_scatter_base served it";
+    EXPECT_EQ(g->native_reduce_scatter(), std::optional<bool>(true));
+    if (name == "example_rs") {
+      EXPECT_TRUE(close_in_dtype(shard, want));
+    } else {
+      EXPECT_FALSE(close_in_dtype(shard, want)) << "the deliberately wrong reduce-scatter went unseen";
+    }
+  }
 }
 
 // Patch points (common_fsdp.py's patch_all_gather / patch_reduce_scatter): the newest patch sees every all_gather_into_tensor / reduce_scatter_tensor

@@ -82,7 +82,7 @@ void expect_params_close(const nn::Module& actual, const nn::Module& expected, d
   ASSERT_EQ(a.size(), e.size());
   for (size_t i = 0; i < a.size(); ++i) {
     ASSERT_EQ(a[i].first, e[i].first);
-    EXPECT_TRUE(tdc::conformance::all_close(a[i].second, e[i].second, rtol, atol))
+    EXPECT_TRUE(tdc::conformance::assert_close(a[i].second, e[i].second, tdc::conformance::Tolerance{rtol, atol}))
         << what + " parameter '" + a[i].first + "'";
   }
 }
@@ -140,7 +140,8 @@ void train_parity(const std::string& model_name, const std::string& api) {
     sgd_step(ref->params(), lr);
     at::Tensor avg = loss.detach().clone();
     comm::all_reduce(avg, comm::ReduceOp::AVG);
-    EXPECT_TRUE(tdc::conformance::all_close(avg, ref_loss, rtol, atol)) << "loss at step " + std::to_string(step);
+    EXPECT_TRUE(tdc::conformance::assert_close(avg, ref_loss, tdc::conformance::Tolerance{rtol, atol}))
+        << "loss at step " + std::to_string(step);
   }
   expect_params_close(*w.inner, *ref, rtol, atol, "after 5 steps:");
 }
@@ -179,7 +180,8 @@ void no_sync_parity(const std::string& api) {
   {
     auto got = w.inner->named_params(), want = local->named_params();
     for (size_t i = 0; i < got.size(); ++i)
-      EXPECT_TRUE(tdc::conformance::all_close(got[i].second.grad(), want[i].second.grad(), 1.3e-6, 1e-7))
+      EXPECT_TRUE(tdc::conformance::assert_close(got[i].second.grad(), want[i].second.grad(),
+                                                 tdc::conformance::Tolerance{1.3e-6, 1e-7}))
           << "no_sync gradient of '" + got[i].first + "'";
   }
   loss_of(*w.call, m2.slice(rank, world)).backward();
@@ -187,7 +189,8 @@ void no_sync_parity(const std::string& api) {
   loss_of(*ref, m2).backward();
   auto got = w.inner->named_params(), want = ref->named_params();
   for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_TRUE(tdc::conformance::all_close(got[i].second.grad(), want[i].second.grad(), 1.3e-6, 1e-5))
+    EXPECT_TRUE(tdc::conformance::assert_close(got[i].second.grad(), want[i].second.grad(),
+                                               tdc::conformance::Tolerance{1.3e-6, 1e-5}))
         << "accumulated gradient of '" + got[i].first + "'";
   sgd_step(w.inner->params(), 0.05);
   sgd_step(ref->params(), 0.05);

@@ -75,7 +75,7 @@ void train_steps(nn::Module& model, nn::Module& ref, const at::Tensor& inp, int 
     average_reference_grads(ref);
     at::Tensor loss = model(inp).sum();
     loss.backward();
-    EXPECT_TRUE(conformance::all_close(loss, ref_loss)) << "loss at iteration " + std::to_string(it);
+    EXPECT_TRUE(conformance::assert_close(loss, ref_loss)) << "loss at iteration " + std::to_string(it);
     EXPECT_TRUE(conformance::sharded_parity(ref, model)) << "iteration " + std::to_string(it) + ":";
     opt.step();
     ref_opt.step();
@@ -133,7 +133,7 @@ TDC_DIST_TEST(FSDPTest, TwoForwardsOneBackward, .world_size = 2) {
     at::Tensor ref_loss = (*ref)(a).sum() + (*ref)(b).pow(2).sum();
     ref_loss.backward();
     average_reference_grads(*ref);
-    EXPECT_TRUE(conformance::all_close(loss, ref_loss)) << "loss";
+    EXPECT_TRUE(conformance::assert_close(loss, ref_loss)) << "loss";
     EXPECT_TRUE(conformance::sharded_parity(*ref, *model)) << "two forwards:";
     EXPECT_EQ(fsdp::memory_stats().unsharded_bytes, 0) << "everything resharded after backward";
   });
@@ -170,7 +170,8 @@ TDC_DIST_TEST(FSDPTest, ParametersReadBackAsDTensors, .world_size = 2) {
   auto want = ref->named_params();
   auto got = tensor::named_params_with_specs(*model);
   for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_TRUE(conformance::all_close(got[i].full(), want[i].second, 0, 0)) << "full_tensor of " + got[i].fqn;
+    EXPECT_TRUE(conformance::assert_close(got[i].full(), want[i].second, conformance::Tolerance{0, 0}))
+        << "full_tensor of " + got[i].fqn;
   // 15 rows over 2 ranks: 8 and 7 (torch.chunk).
   EXPECT_EQ(tensor::param_dtensor(*model, "0.in_proj.weight")->to_local().size(0), ctx().rank == 0 ? 8 : 7);
 }
@@ -198,7 +199,8 @@ TDC_DIST_TEST(FSDPTest, FSDPOverTPPlacements, .world_size = 4) {
   auto want = ref->named_params();
   auto got = tensor::named_params_with_specs(*model);
   for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_TRUE(conformance::all_close(got[i].full(), want[i].second, 0, 0)) << "full_tensor of " + got[i].fqn;
+    EXPECT_TRUE(conformance::assert_close(got[i].full(), want[i].second, conformance::Tolerance{0, 0}))
+        << "full_tensor of " + got[i].fqn;
 }
 
 // ------------------------------------------------------------------ memory bound
@@ -415,7 +417,9 @@ TDC_DIST_TEST(FSDPTest, MixedPrecisionBf16, .world_size = 2) {
   auto got = tensor::named_params_with_specs(*model);
   auto want = ref->named_params();
   for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_TRUE(conformance::all_close(got[i].full_grad(), want[i].second.grad(), 5e-2, 5e-2)) << got[i].fqn;
+    EXPECT_TRUE(
+        conformance::assert_close(got[i].full_grad(), want[i].second.grad(), conformance::Tolerance{5e-2, 5e-2}))
+        << got[i].fqn;
 }
 
 // output_dtype: the root casts its floating outputs; cast_forward_inputs casts inputs to bf16.

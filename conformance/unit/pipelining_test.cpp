@@ -152,7 +152,8 @@ void train_parity(ScheduleKind kind, Dp dp) {
     for (auto& [m, offset] : pipe.modules) {
       for (auto& np : tensor::named_params_with_specs(*m)) {
         const std::string name = reference_name(np.fqn, offset);
-        EXPECT_TRUE(conformance::all_close(np.full_grad(), param_named(*ref, name, true), rtol, atol))
+        EXPECT_TRUE(conformance::assert_close(np.full_grad(), param_named(*ref, name, true),
+                                              conformance::Tolerance{rtol, atol}))
             << "step " << step << ", gradient of " << name;
       }
     }
@@ -162,7 +163,8 @@ void train_parity(ScheduleKind kind, Dp dp) {
       for (auto& np : tensor::named_params_with_specs(*m)) {
         const std::string name = reference_name(np.fqn, offset);
         const double param_atol = mp ? lr * atol * (step + 1) : atol;
-        EXPECT_TRUE(conformance::all_close(np.full(), param_named(*ref, name, false), rtol, param_atol))
+        EXPECT_TRUE(conformance::assert_close(np.full(), param_named(*ref, name, false),
+                                              conformance::Tolerance{rtol, param_atol}))
             << "step " << step << ", parameter " << name;
       }
     }
@@ -196,7 +198,7 @@ TDC_DIST_TEST(PipelineTraining, scale_grads_false_with_a_summed_loss, .world_siz
   at::Tensor x = at::rand({kMicrobatches, kDim}, gen), t = at::rand({kMicrobatches, kDim}, gen);
   for (Pipeline* p : {&mean, &sum}) ctx().rank == 0 ? p->schedule->step({x}) : p->schedule->step({}, t);
   auto pa = mean.modules[0].first->params(), pb = sum.modules[0].first->params();
-  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(conformance::all_close(pb[i].grad(), pa[i].grad() * x.size(0)));
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(conformance::assert_close(pb[i].grad(), pa[i].grad() * x.size(0)));
 }
 
 // The last rank gets the merged outputs and one loss per microbatch; their mean is the full
@@ -218,9 +220,9 @@ TDC_DIST_TEST(PipelineStep, outputs_and_losses_on_the_last_rank, .world_size = 2
   std::vector<at::Tensor> losses;
   nn::Tensors out = p.schedule->step({}, t, &losses);
   ASSERT_EQ(out.size(), 1u);
-  EXPECT_TRUE(conformance::all_close(out[0], ref(x).detach()));
+  EXPECT_TRUE(conformance::assert_close(out[0], ref(x).detach()));
   ASSERT_EQ(losses.size(), static_cast<size_t>(kMicrobatches));
-  EXPECT_TRUE(conformance::all_close(at::stack(losses).mean(), loss(ref(x), t).detach()));
+  EXPECT_TRUE(conformance::assert_close(at::stack(losses).mean(), loss(ref(x), t).detach()));
 }
 
 // A stage module that records the random numbers its forward draws.

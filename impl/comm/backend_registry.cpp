@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "internal.h"
+#include "tdc/libtorch_compat.h"
 
 namespace tdc::comm {
 
@@ -19,12 +20,17 @@ struct BackendRegistry::Impl {
   // One lock for names and plug-ins: thread-launched ranks load the same plug-in concurrently.
   mutable std::recursive_mutex mu;
   std::map<std::string, BackendFactory> factories;
+  std::map<std::string, BackendOps> ops;
   std::set<std::string> loaded_plugins;  // canonical paths
 };
 
 BackendRegistry::BackendRegistry() : impl_(std::make_shared<Impl>()) {
   impl_->factories["gloo"] = &detail::make_gloo_backend;
-  if (detail::nccl_available()) impl_->factories["nccl"] = &detail::make_nccl_backend;
+  impl_->ops["gloo"] = {.reduce_scatter = compat::kGlooReduceScatterHonoursOp, .avg = false};
+  if (detail::nccl_available()) {
+    impl_->factories["nccl"] = &detail::make_nccl_backend;
+    impl_->ops["nccl"] = {.reduce_scatter = true, .avg = true};
+  }
 }
 
 BackendRegistry& BackendRegistry::instance() {
@@ -34,7 +40,7 @@ BackendRegistry& BackendRegistry::instance() {
   return *registry;
 }
 
-void BackendRegistry::add(const std::string& name, BackendFactory factory) {
+void BackendRegistry::add(const std::string& name, BackendFactory factory, BackendOps ops) {
   if (name.empty()) throw std::invalid_argument("BackendRegistry::add: backend name is empty");
   if (!factory) {
     throw std::invalid_argument(fmt::format("BackendRegistry::add: backend '{}' has no factory", name));
@@ -44,6 +50,13 @@ void BackendRegistry::add(const std::string& name, BackendFactory factory) {
     throw std::invalid_argument(fmt::format("BackendRegistry::add: backend '{}' is already registered", name));
   }
   impl_->factories.emplace(name, std::move(factory));
+  impl_->ops[name] = ops;
+}
+
+BackendOps BackendRegistry::ops_of(const std::string& name) const {
+  std::lock_guard<std::recursive_mutex> lock(impl_->mu);
+  auto it = impl_->ops.find(name);
+  return it == impl_->ops.end() ? BackendOps{} : it->second;
 }
 
 bool BackendRegistry::has(const std::string& name) const {

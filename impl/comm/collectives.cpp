@@ -194,7 +194,7 @@ Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const G
 
 Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op, const GroupPtr& group,
                            bool async_op, std::optional<OpKind> record_as) {
-  const ProcessGroup& g = *resolve(group);
+  ProcessGroup& g = *resolve(group);
   std::string err = size_error("reduce_scatter_tensor", g, "input", input, "output", output);
   if (err.empty() && op == ReduceOp::AVG) err = avg_error("reduce_scatter_tensor", g, input);
   agree(g, {.op = Coll::ReduceScatter, .tensor = input, .reduce = op, .local_error = err});
@@ -205,18 +205,31 @@ Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp
   at::Tensor out_flat = s.buf.view({s.buf.numel()});
   const bool emulate_avg = op == ReduceOp::AVG && !g.native_avg();
 
-  if (g.native_reduce_scatter()) {
+  if (g.native_reduce_scatter().value_or(true)) {
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = to_c10d(emulate_avg ? ReduceOp::SUM : op);
     opts.timeout = g.options().timeout;
-    auto w = g.backend()._reduce_scatter_base(out_flat, in, opts);
-    return finish(
-        std::move(w),
-        [s, in, emulate_avg, n] {
-          if (emulate_avg) s.buf.div_(n);
-          s.publish();
-        },
-        async_op);
+    c10::intrusive_ptr<c10d::Work> w;
+    try {
+      w = g.backend()._reduce_scatter_base(out_flat, in, opts);
+    } catch (const c10::Error& e) {
+      // [Note: native ops or emulation]: an undeclared backend without the op refuses it the way
+      // c10d's Backend base does, on every rank alike; anything else is the backend's error.
+      if (g.native_reduce_scatter().has_value() ||
+          std::string(e.what_without_backtrace()).find("does not support _reduce_scatter_base") == std::string::npos)
+        throw;
+      g.learned_native_reduce_scatter(false);
+    }
+    if (w) {
+      g.learned_native_reduce_scatter(true);
+      return finish(
+          std::move(w),
+          [s, in, emulate_avg, n] {
+            if (emulate_avg) s.buf.div_(n);
+            s.publish();
+          },
+          async_op);
+    }
   }
   // Emulation (backends without a native reduce-scatter that honours the op): one all-to-all
   // moves chunk r of every rank to rank r (bandwidth-optimal, like a ring reduce-scatter), then

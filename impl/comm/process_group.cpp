@@ -26,13 +26,6 @@ void construction_barrier(const c10::intrusive_ptr<c10d::Store>& store, int size
   store->wait({done});
 }
 
-// Which ops a backend has natively; everything else is emulated in collectives.cpp.
-bool native_reduce_scatter_for(const std::string& backend) {
-  if (backend == "nccl") return true;
-  if (backend == "gloo") return compat::kGlooReduceScatterHonoursOp;  // [Note: Gloo's reduce-scatter honours the op]
-  return false;  // plug-ins: unknown, so use the emulation built on alltoall_base
-}
-
 // Per-thread state of the default group: thread-launched ranks each have their own world.
 struct WorldState {
   GroupPtr world;
@@ -52,8 +45,9 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive
       size_(size),
       options_(std::move(options)),
       global_ranks_(std::move(global_ranks)) {
-  native_avg_ = options_.backend == "nccl";
-  native_reduce_scatter_ = native_reduce_scatter_for(options_.backend);
+  const BackendOps ops = BackendRegistry::instance().ops_of(options_.backend);  // [Note: native ops or emulation]
+  native_avg_ = ops.avg;
+  native_reduce_scatter_ = ops.reduce_scatter;
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

@@ -42,6 +42,4 @@ void notify_register_pre_backward_hooks();
 void notify_register_post_backward_hook();
 void notify_unsharded_views(bool as_params);
 void notify_before_reshard(const fsdp1::detail::FlatParamHandle& handle);
-// Counts a pre-backward hook registered on `tensor`.
-void count_pre_backward_hook(const at::Tensor& tensor);
 }  // namespace tdc::fsdp1::testing::detail

@@ -138,7 +138,10 @@ void FlatParamHandle::register_full(nn::Module& wrapped, const at::Tensor& full,
 // ------------------------------------------------------------------ unshard / reshard
 
 void FlatParamHandle::unshard() {
-  if (unsharded_valid_ && gathered_version_ == flat_param_._version()) return;
+  if (unsharded_valid_ && gathered_version_ == flat_param_._version()) {
+    notify_unsharded_views_by_state();  // PyTorch switches views on an unshard that gathers nothing too
+    return;
+  }
   const at::ScalarType dtype = compute_dtype();
   at::NoGradGuard no_grad;
   if (!config_.sharded && dtype == param_dtype()) {
@@ -162,7 +165,22 @@ void FlatParamHandle::unshard() {
   }
   unsharded_valid_ = true;
   gathered_version_ = flat_param_._version();
-  testing::detail::notify_unsharded_views(/*as_params=*/state_ == HandleTrainingState::SUMMON_FULL_PARAMS);
+  notify_unsharded_views_by_state();
+}
+
+// [Note: which views an unshard exposes] PyTorch's _use_unpadded_unsharded_flat_param: with
+// use_orig_params, Tensor views in forward and pre-backward, Parameter views in every other state
+// (so a prefetch that unshards a handle whose state was not moved to FORWARD / BACKWARD_PRE first
+// exposes Parameters, which TestAutograd catches); without, Tensor views in forward only. tdc
+// installs its views elsewhere (install_substitutes); this reports what PyTorch would have used.
+void FlatParamHandle::notify_unsharded_views_by_state() const {
+  const bool in_forward = state_ == HandleTrainingState::FORWARD;
+  const bool in_pre_backward = state_ == HandleTrainingState::BACKWARD_PRE;
+  if (config_.use_orig_params) {
+    testing::detail::notify_unsharded_views(/*as_params=*/!in_forward && !in_pre_backward);
+  } else if (in_forward) {
+    testing::detail::notify_unsharded_views(/*as_params=*/false);
+  }
 }
 
 void FlatParamHandle::reshard() {

@@ -133,6 +133,9 @@ class FlatParamHandle {
   bool ran_pre_backward = false;
 
  private:
+  // Tells the test observers which views PyTorch's unshard would expose in this state.
+  void notify_unsharded_views_by_state() const;
+
   void accumulate_sharded(const at::Tensor& new_shard_grad);
   void make_orig_views();
 

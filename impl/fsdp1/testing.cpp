@@ -4,22 +4,15 @@
 #include "common.h"
 #include "flat_param.h"
 
-#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/autograd/variable.h>
 
-#include <mutex>
-#include <unordered_map>
+#include <algorithm>
 
 namespace tdc::fsdp1::testing {
 
 namespace {
 thread_local Observers t_observers;
 
-// Hooks per tensor, keyed by its TensorImpl (the weak pointer tells a dead tensor's reused address).
-std::mutex g_mu;
-std::unordered_map<const c10::TensorImpl*, std::pair<c10::weak_intrusive_ptr<c10::TensorImpl>, int>>& hook_counts() {
-  static std::unordered_map<const c10::TensorImpl*, std::pair<c10::weak_intrusive_ptr<c10::TensorImpl>, int>> m;
-  return m;
-}
 }  // namespace
 
 ScopedObservers::ScopedObservers(Observers observers) : previous_(std::move(t_observers)) {
@@ -27,11 +20,15 @@ ScopedObservers::ScopedObservers(Observers observers) : previous_(std::move(t_ob
 }
 ScopedObservers::~ScopedObservers() { t_observers = std::move(previous_); }
 
+// [Note: hooks are read from autograd] Tensor::register_hook appends to the AutogradMeta's
+// cpp_hooks_list_ (LibTorch 2.11-2.14 alike: VariableHooks::_register_hook) and remove_hook nulls
+// the entry, so the live hooks are the non-null entries: what PyTorch's len(t._backward_hooks)
+// counts. A hook registered twice, or never, shows here whoever registered it.
 int pre_backward_hook_count(const at::Tensor& tensor) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  auto it = hook_counts().find(tensor.unsafeGetTensorImpl());
-  if (it == hook_counts().end() || it->second.first.expired()) return 0;
-  return it->second.second;
+  auto* meta = torch::autograd::impl::get_autograd_meta(tensor);
+  if (!meta || !meta->cpp_hooks_list_) return 0;
+  return static_cast<int>(std::count_if(meta->cpp_hooks_list_->begin(), meta->cpp_hooks_list_->end(),
+                                        [](const auto& hook) { return static_cast<bool>(hook); }));
 }
 
 namespace detail {
@@ -48,19 +45,5 @@ void notify_unsharded_views(bool as_params) {
 void notify_before_reshard(const fsdp1::detail::FlatParamHandle& handle) {
   if (t_observers.before_reshard && handle.config().owner) t_observers.before_reshard(*handle.config().owner);
 }
-
-void count_pre_backward_hook(const at::Tensor& tensor) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  auto& m = hook_counts();
-  for (auto it = m.begin(); it != m.end();) it = it->second.first.expired() ? m.erase(it) : std::next(it);
-  auto it = m.find(tensor.unsafeGetTensorImpl());
-  if (it == m.end()) {
-    it = m.emplace(tensor.unsafeGetTensorImpl(),
-                   std::make_pair(c10::weak_intrusive_ptr<c10::TensorImpl>(tensor.getIntrusivePtr()), 0))
-             .first;
-  }
-  ++it->second.second;
-}
-
 }  // namespace detail
 }  // namespace tdc::fsdp1::testing

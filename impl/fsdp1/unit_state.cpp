@@ -217,7 +217,6 @@ nn::Tensors UnitState::post_forward(nn::Tensors outputs) {
         if (auto s = weak.lock()) s->pre_backward();
         return g;
       });
-      testing::detail::count_pre_backward_hook(y);
     }
   } else if (is_root_) {
     // No backward follows a no-grad forward: the root's end-of-backward work happens now.
@@ -324,7 +323,15 @@ void UnitState::prefetch(int direction) {
   if (j < 0 || j >= static_cast<int64_t>(order.size())) return;
   UnitState* next = order[static_cast<size_t>(j)];
   if (direction < 0 && next->handle_->ran_pre_backward) return;
-  next->handle_->unshard();
+  // As PyTorch's _prefetch_handle: the handle is unsharded in the state it is prefetched for
+  // (FORWARD or BACKWARD_PRE), which decides the views it exposes ([Note: which views an unshard
+  // exposes]), then returns to the state it was in.
+  auto& h = *next->handle_;
+  const HandleTrainingState was = h.state();
+  const HandleTrainingState as = direction > 0 ? HandleTrainingState::FORWARD : HandleTrainingState::BACKWARD_PRE;
+  h.set_state(as, "prefetch", {was});
+  h.unshard();
+  h.set_state(was, "prefetch done", {as});
 }
 
 // [Note: FSDP1 end of backward] The root queues this when its first pre-backward hook fires:

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,12 +23,28 @@ namespace tdc::comm {
 using BackendFactory = std::function<c10::intrusive_ptr<c10d::Backend>(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const GroupOptions& options)>;
 
+// [Note: native ops or emulation] What a backend does natively. tdc uses a backend's own op
+// whenever it has one and emulates only what it lacks (docs/plugging-in.md):
+//  * reduce_scatter: _reduce_scatter_base honouring the ReduceOp. Unset (a plug-in that does not
+//    say): tdc calls it at the first reduce-scatter of each group; c10d's own refusal of an op a
+//    Backend does not override ("does not support _reduce_scatter_base") means no, and from then
+//    on that group emulates it. Any other error is the backend's and fails the collective.
+//  * avg: ReduceOp::AVG. c10d has no uniform refusal for a reduce op, so only a declaration says yes.
+// Built-ins: nccl has both; gloo has no AVG, and its reduce-scatter honours the op from LibTorch
+// 2.13 on ([Note: Gloo's reduce-scatter honours the op]).
+struct BackendOps {
+  std::optional<bool> reduce_scatter;
+  bool avg = false;
+};
+
 class BackendRegistry {
  public:
   static BackendRegistry& instance();
 
-  // Throws std::invalid_argument if `name` is already registered.
-  void add(const std::string& name, BackendFactory factory);
+  // Throws std::invalid_argument if `name` is already registered. `ops`: what it has natively.
+  void add(const std::string& name, BackendFactory factory, BackendOps ops = {});
+  // What `name` declared (a default BackendOps for an unknown name).
+  BackendOps ops_of(const std::string& name) const;
   bool has(const std::string& name) const;
   std::vector<std::string> names() const;
   // Throws std::invalid_argument naming the unknown backend and the known ones.

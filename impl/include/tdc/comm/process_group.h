@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,12 +41,18 @@ class ProcessGroup {
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
 
   // What the backend does natively; everything else is emulated by tdc::comm (visibly: see
-  // docs/architecture.md, "Emulations").
+  // docs/architecture.md, "Emulations", and [Note: native ops or emulation]).
   bool native_avg() const { return native_avg_; }
-  bool native_reduce_scatter() const { return native_reduce_scatter_; }
+  // Unset until the first reduce-scatter tells, for a backend that did not declare it.
+  std::optional<bool> native_reduce_scatter() const { return native_reduce_scatter_; }
+  // What the first reduce-scatter found out (collectives.cpp).
+  void learned_native_reduce_scatter(bool native) { native_reduce_scatter_ = native; }
   // Use tdc's emulations of AVG and reduce-scatter on this group even where the backend has them
   // natively (tests of the emulations; a backend whose native op misbehaves).
-  void use_emulations() { native_avg_ = native_reduce_scatter_ = false; }
+  void use_emulations() {
+    native_avg_ = false;
+    native_reduce_scatter_ = false;
+  }
 
   ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend, int rank, int size,
                GroupOptions options, std::vector<int> global_ranks);
@@ -57,7 +64,7 @@ class ProcessGroup {
   GroupOptions options_;
   std::vector<int> global_ranks_;
   bool native_avg_ = false;
-  bool native_reduce_scatter_ = false;
+  std::optional<bool> native_reduce_scatter_;
 };
 using GroupPtr = std::shared_ptr<ProcessGroup>;
 

@@ -44,8 +44,9 @@ class ScopedObservers {
   Observers previous_;
 };
 
-// How many FSDP1 pre-backward hooks are registered on `tensor` (PyTorch's
-// len(output._backward_hooks) for a tensor whose only hooks are FSDP's).
+// How many backward hooks are registered on `tensor` and not removed: PyTorch's
+// len(output._backward_hooks), read from the tensor's autograd metadata (every hook anyone
+// registered through Tensor::register_hook), not from a count FSDP1 keeps of its own.
 int pre_backward_hook_count(const at::Tensor& tensor);
 
 }  // namespace tdc::fsdp1::testing

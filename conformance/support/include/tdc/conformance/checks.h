@@ -1,15 +1,12 @@
 // Assertions shared by the unit and conformance suites (GoogleTest based).
 //
-//  * all_close: torch.testing.assert_close semantics, |actual - expected| <= atol + rtol *
-//    |expected| elementwise, same shape; the defaults are PyTorch's float32 tolerances (what
-//    assertEqual uses in the seed tests). An AssertionResult, so the caller decides whether a
-//    mismatch stops the test: ASSERT_TRUE(all_close(a, b)) << "what" (PyTorch's assertEqual
-//    raises) or EXPECT_TRUE(...). The failure says how many elements differ and the largest
-//    difference.
+//  * assert_close, assert_equal, assert_not_equal (assert_close.h): PyTorch's comparisons, as
+//    AssertionResults, so the caller decides whether a mismatch stops the test:
+//    ASSERT_TRUE(assert_equal(a, b)) << "what" (PyTorch's assertEqual raises) or EXPECT_TRUE(...).
 //  * reference_copy: the single-process reference of a model: a deep copy of rank 0's
 //    parameters and buffers on every rank (thread-launched ranks share one generator, so copies
 //    are broadcast rather than assumed identical).
-//  * sharded_parity: common_fsdp.py's check_sharded_parity (FSDP2's check), as an AssertionResult:
+//  * sharded_parity: common_fsdp.py's check_sharded_parity (FSDP2's check, with assertEqual), as an AssertionResult:
 //    every parameter of `sharded` is a DTensor
 //    whose local shard equals the rank's piece of the reference parameter laid out the same way
 //    (distribute_tensor with its placements), and the same for gradients (none <-> none).
@@ -22,14 +19,10 @@
 #include <ATen/core/Tensor.h>
 #include <gtest/gtest.h>
 
+#include "tdc/conformance/assert_close.h"
 #include "tdc/nn/module.h"
 
 namespace tdc::conformance {
-
-inline constexpr double kFloat32Rtol = 1.3e-6, kFloat32Atol = 1e-5;
-
-[[nodiscard]] ::testing::AssertionResult all_close(const at::Tensor& actual, const at::Tensor& expected,
-                                                   double rtol = kFloat32Rtol, double atol = kFloat32Atol);
 
 nn::ModulePtr reference_copy(const nn::Module& model);
 
