@@ -10,6 +10,7 @@
 #include <torch/optim/sgd.h>
 
 #include "tdc/comm/collectives.h"
+#include "tdc/comm/testing.h"
 #include "tdc/conformance/checks.h"
 #include "tdc/conformance/support.h"
 #include "tdc/device_mesh.h"
@@ -393,6 +394,31 @@ TDC_DIST_TEST(FSDP1Test, MixedPrecision, .world_size = 2) {
     // Full precision inside summon_full_params.
     auto g = fsdp1::summon_full_params(*fsdp);
     for (auto& p : fsdp->params()) EXPECT_EQ(p.scalar_type(), at::kFloat);
+  }
+}
+
+// The reduction runs in reduce_dtype, and the gradient the optimizer sees is in the parameter's
+// dtype unless keep_low_precision_grads (as test_fsdp_mixed_precision checks by patching the
+// reduce-scatter): with reduce_dtype low too, the gradient still comes back in float32.
+TDC_DIST_TEST(FSDP1Test, MixedPrecisionReduceDtype, .world_size = 2) {
+  conformance::world();
+  for (at::ScalarType reduce : {at::kFloat, at::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(reduce));
+    std::vector<at::ScalarType> reduced_in;
+    comm::PatchReduceScatter patch([&](at::Tensor&, const at::Tensor& input, comm::ReduceOp, const comm::GroupPtr&,
+                                       bool, const std::function<comm::Work()>& original) {
+      reduced_in.push_back(input.scalar_type());
+      return original();
+    });
+    fsdp1::MixedPrecision mp{.param_dtype = at::kBFloat16, .reduce_dtype = reduce, .buffer_dtype = at::kBFloat16};
+    auto fsdp = FullyShardedDataParallel::make(
+        make_mlp(), {.auto_wrap_policy = fsdp1::always_wrap_policy(), .mixed_precision = mp});
+    (*fsdp)(make_input(0)).sum().backward();
+    ASSERT_FALSE(reduced_in.empty());
+    for (at::ScalarType t : reduced_in) EXPECT_EQ(t, reduce) << "a gradient was reduced in " << c10::toString(t);
+    for (auto& p : fsdp->params()) {
+      if (p.numel()) EXPECT_EQ(p.grad().scalar_type(), at::kFloat) << "keep_low_precision_grads is off";
+    }
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include "tdc/comm/collectives.h"
 #include "tdc/comm/debug_mode.h"
+#include "tdc/comm/testing.h"
 #include "tdc/conformance/checks.h"
 #include "tdc/conformance/support.h"
 #include "tdc/device_mesh.h"
@@ -406,7 +407,18 @@ TDC_DIST_TEST(FSDPTest, MixedPrecisionBf16, .world_size = 2) {
   at::Tensor out = (*model)(inp);
   EXPECT_EQ(seen, at::kBFloat16) << "the unsharded parameters are bf16";
   EXPECT_EQ(out.scalar_type(), at::kBFloat16);
-  out.sum().backward();
+  // The reduce-scatter runs in reduce_dtype (PyTorch's mixed-precision tests patch it to check).
+  std::vector<at::ScalarType> reduced_in;
+  {
+    comm::PatchReduceScatter patch([&](at::Tensor&, const at::Tensor& input, comm::ReduceOp, const comm::GroupPtr&,
+                                       bool, const std::function<comm::Work()>& original) {
+      reduced_in.push_back(input.scalar_type());
+      return original();
+    });
+    out.sum().backward();
+  }
+  ASSERT_FALSE(reduced_in.empty());
+  for (at::ScalarType t : reduced_in) EXPECT_EQ(t, at::kFloat) << "a gradient was reduce-scattered in " << t;
   for (auto& p : model->params()) {
     ASSERT_TRUE(p.grad().defined());
     EXPECT_EQ(p.grad().scalar_type(), at::kFloat) << "shard gradients keep the parameter dtype";
