@@ -417,7 +417,9 @@ TDC_DIST_TEST(FSDP1Test, MixedPrecisionReduceDtype, .world_size = 2) {
     ASSERT_FALSE(reduced_in.empty());
     for (at::ScalarType t : reduced_in) EXPECT_EQ(t, reduce) << "a gradient was reduced in " << c10::toString(t);
     for (auto& p : fsdp->params()) {
-      if (p.numel()) EXPECT_EQ(p.grad().scalar_type(), at::kFloat) << "keep_low_precision_grads is off";
+      if (p.numel()) {
+        EXPECT_EQ(p.grad().scalar_type(), at::kFloat) << "keep_low_precision_grads is off";
+      }
     }
   }
 }
