@@ -1,4 +1,5 @@
 #include "tdc/comm/collectives.h"
+#include "tdc/libtorch_compat.h"
 #include "tdc/comm/testing.h"
 
 #include <cstdio>
@@ -215,8 +216,7 @@ Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp
     } catch (const c10::Error& e) {
       // [Note: native ops or emulation]: an undeclared backend without the op refuses it the way
       // c10d's Backend base does, on every rank alike; anything else is the backend's error.
-      if (g.native_reduce_scatter().has_value() ||
-          std::string(e.what_without_backtrace()).find("does not support _reduce_scatter_base") == std::string::npos)
+      if (g.native_reduce_scatter().has_value() || !compat::is_reduce_scatter_refusal(e.what_without_backtrace()))
         throw;
       g.learned_native_reduce_scatter(false);
     }

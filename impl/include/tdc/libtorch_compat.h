@@ -1,4 +1,6 @@
 #pragma once
+
+#include <string>
 // The one place where tdc adapts to differences between the LibTorch versions it supports
 // (2.11, 2.12, 2.13, 2.14; docs/compat.md). Every difference is a [Note] below naming the versions
 // and the API; code elsewhere uses the names defined here and never tests TORCH_VERSION_* itself.
@@ -32,6 +34,17 @@ static_assert(std::is_same_v<NodePtr, decltype(std::declval<torch::autograd::Edg
 // each by CommTest's reduce-scatter tests. Below 2.11 tdc does not build, so no older answer is
 // needed; a release where it changes again gets its condition here.
 inline constexpr bool kGlooReduceScatterHonoursOp = TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 11;
+
+// [Note: how c10d refuses a reduce-scatter a backend lacks] A c10d::Backend that overrides no
+// reduce-scatter refuses _reduce_scatter_base with "Backend <name> does not support
+// _reduce_scatter_base" (2.11-2.13, read in their Backend.hpp); 2.14 adds reduce_scatter_single,
+// the two forward to each other and a guard refuses with "... does not support
+// reduce_scatter_single". Either text means "lacks it" ([Note: native ops or emulation]).
+inline bool is_reduce_scatter_refusal(const char* what) {
+  const std::string w = what ? what : "";
+  return w.find("does not support _reduce_scatter_base") != std::string::npos ||
+         w.find("does not support reduce_scatter_single") != std::string::npos;
+}
 
 // The LibTorch version this translation unit was compiled against, "major.minor.patch".
 inline constexpr int kTorchMajor = TORCH_VERSION_MAJOR;
