@@ -729,6 +729,7 @@ int run_command(const std::vector<std::string>& args) {
     info.world_size = std::max(info.world_size, t.world_size);
   }
   merged.tests = std::move(records);
+  for (const TestResult& t : merged.tests) harness::merge_reports(merged.reports, t.reports);
 
   fs::path json_path = o.out / "results.json", xml_path = o.out / "junit.xml";
   harness::write_results_json(merged, json_path);

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "cli.h"
 #include "report/log_excerpt.h"
@@ -57,6 +58,9 @@ void print_summary(const RunResults& r, double elapsed) {
   fmt::print("{}\n", std::string(header.size(), '-'));
   row("all", all, all_time);
   fmt::print("wall time {}\n", format_duration(elapsed));
+  // [Note: rank reports]: e.g. comm_ops, which collectives each backend ran natively.
+  for (const auto& [name, report] : r.reports)
+    for (const auto& [key, values] : report) fmt::print("{} {}: {}\n", name, key, fmt::join(values, ", "));
 }
 
 void print_failures(const RunResults& r, const std::map<std::string, fs::path>& log_of) {

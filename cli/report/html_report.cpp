@@ -374,6 +374,24 @@ std::string section_messages(const ReportInput& in) {
 
 }  // namespace
 
+// [Note: rank reports]: what each run's implementation reported (e.g. comm_ops).
+std::string section_reports(const ReportInput& in) {
+  std::string rows;
+  for (const auto& run : in.runs)
+    for (const auto& [name, report] : run.results.reports)
+      for (const auto& [key, values] : report)
+        rows += fmt::format("<tr><th>{}</th><td>{}</td><td>{}</td><td>{}</td></tr>\n", html_escape(run.label),
+                            html_escape(name), html_escape(key),
+                            html_escape(fmt::format("{}", fmt::join(values, ", "))));
+  if (rows.empty())
+    return "<section id=\"reports\"><h2>Reports</h2>\n<p>The implementation reported nothing from its ranks.</p>"
+           "</section>\n";
+  return "<section id=\"reports\"><h2>Reports</h2>\n<p>What the implementation reported from its ranks (comm_ops: "
+         "per backend, the collectives it ran natively and those tdc emulated).</p>\n<table class=\"grid\"><thead>"
+         "<tr><th>run</th><th>report</th><th>key</th><th>values</th></tr></thead><tbody>\n" +
+         rows + "</tbody></table></section>\n";
+}
+
 std::string render_html(const ReportInput& in) {
   Matrix m = build_matrix(in.runs, in.seed);
   std::string out = "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>tdc report</title>\n";
@@ -384,13 +402,14 @@ std::string render_html(const ReportInput& in) {
   out +=
       "<nav><a href=\"#runs\">runs</a><a href=\"#summary\">seed tests</a><a href=\"#matrix-section\">matrix</a>"
       "<a href=\"#diff\">diff</a><a href=\"#flaky\">flaky</a><a href=\"#parity\">parity</a>"
-      "<a href=\"#messages\">messages</a></nav>\n";
+      "<a href=\"#reports\">reports</a><a href=\"#messages\">messages</a></nav>\n";
   out += section_runs(in);
   out += section_summary(in, m);
   out += section_diff(in, m);
   out += section_flaky(in);
   out += section_matrix(in, m);
   out += section_parity(in);
+  out += section_reports(in);
   out += section_messages(in);
   out += std::string("<script>") + kScript + "</script>\n</body></html>\n";
   return out;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "report/report_model.h"
 
@@ -192,6 +193,21 @@ std::string messages_section(const ReportInput& in) {
 
 }  // namespace
 
+// [Note: rank reports]: what each run's implementation reported, e.g. comm_ops (which collectives
+// each backend ran natively and which tdc emulated).
+std::string reports_section(const ReportInput& in) {
+  std::string rows;
+  for (const auto& run : in.runs)
+    for (const auto& [name, report] : run.results.reports)
+      for (const auto& [key, values] : report)
+        rows += fmt::format("| {} | {} | {} | {} |\n", cell(run.label), cell(name), cell(key),
+                            cell(fmt::format("{}", fmt::join(values, ", "))));
+  if (rows.empty()) return "";
+  return "## Reports\n\nWhat the implementation reported from its ranks (comm_ops: per backend, the collectives it "
+         "ran natively and those tdc emulated).\n\n| run | report | key | values |\n|---|---|---|---|\n" +
+         rows + "\n";
+}
+
 std::string render_markdown(const ReportInput& in) {
   Matrix m = build_matrix(in.runs, in.seed);
   std::string out = fmt::format(
@@ -203,6 +219,7 @@ std::string render_markdown(const ReportInput& in) {
   out += diff_section(in, m);
   out += flaky_section(in);
   out += parity_section(in);
+  out += reports_section(in);
   out += matrix_section(in, m);
   out += messages_section(in);
   return out;

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "tdc/comm/backend_registry.h"
+#include "tdc/comm/op_paths.h"
 #include "tdc/implementation.h"
 #include "tdc/harness/harness.h"
 #include "tdc/harness/implementation.h"
@@ -52,6 +53,13 @@ void check_backend(const harness::PreflightSettings& s) {
 }
 const bool preflight_registered = [] {
   harness::register_preflight(&check_backend);
+  return true;
+}();
+
+// [Note: rank reports] results.json's "comm_ops": per backend, the collectives it ran natively
+// and those tdc emulated ([Note: which ops ran natively], tdc/comm/op_paths.h).
+const bool comm_ops_reported = [] {
+  harness::add_rank_reporter("comm_ops", {.reset = &comm::reset_op_paths, .collect = &comm::op_paths});
   return true;
 }();
 }  // namespace

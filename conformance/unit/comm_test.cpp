@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include <ATen/ATen.h>
@@ -20,6 +21,7 @@
 #include "tdc/comm/testing.h"
 #include "tdc/comm/debug_mode.h"
 #include "tdc/comm/functional.h"
+#include "tdc/comm/op_paths.h"
 #include "tdc/comm/process_group.h"
 #include "tdc/conformance/checks.h"
 #include "tdc/conformance/support.h"
@@ -593,12 +595,46 @@ TDC_DIST_TEST(CommTest, PluginsOwnReduceScatterIsUsed, .world_size = 4) {
     reduce_scatter_tensor(shard, all[r], ReduceOp::SUM, g);
     EXPECT_EQ(reduce_scatters() - before, 1) << "the plug-in's _reduce_scatter_base served it";
     EXPECT_EQ(g->native_reduce_scatter(), std::optional<bool>(true));
+    // [Note: which ops ran natively]: what results.json's comm_ops will say for this backend.
+    EXPECT_EQ(tdc::comm::op_paths()[name + ".native"], std::set<std::string>{"reduce_scatter_tensor"});
+    EXPECT_EQ(tdc::comm::op_paths().count(name + ".emulated"), 0u);
     if (name == "example_rs") {
       EXPECT_TRUE(close_in_dtype(shard, want));
     } else {
       EXPECT_FALSE(close_in_dtype(shard, want)) << "the deliberately wrong reduce-scatter went unseen";
     }
   }
+}
+
+// [Note: which ops ran natively]: Gloo reduce-scatters natively but has no AVG, so an AVG
+// reduce-scatter records both; a group told to use the emulations records the reduce-scatter as
+// emulated; a reset forgets everything.
+TDC_DIST_TEST(CommTest, OpPathsSayWhatRanNatively, .world_size = 2) {
+  tdc::conformance::world();
+  auto gloo_group = [](const std::string& name) {
+    GroupOptions opts;
+    opts.backend = "gloo";
+    opts.name = name;
+    return new_group({0, 1}, opts);
+  };
+  GroupPtr native = gloo_group("native"), emulating = gloo_group("emulating");
+  emulating->use_emulations();
+  auto ran = [](const std::string& key, const std::string& op) { return tdc::comm::op_paths()[key].count(op) == 1; };
+  tdc::comm::reset_op_paths();
+  at::Tensor in = at::ones({4}), out = at::empty({2});
+  reduce_scatter_tensor(out, in, ReduceOp::AVG, native);
+  EXPECT_TRUE(out.equal(at::ones({2})));
+  EXPECT_TRUE(ran("gloo.native", "reduce_scatter_tensor"));
+  EXPECT_TRUE(ran("gloo.emulated", "AVG")) << "Gloo has no AVG: tdc sums and divides";
+  EXPECT_FALSE(ran("gloo.emulated", "reduce_scatter_tensor"));
+  reduce_scatter_tensor(out, in, ReduceOp::SUM, emulating);
+  EXPECT_TRUE(out.equal(at::full({2}, 2.f)));
+  EXPECT_TRUE(ran("gloo.emulated", "reduce_scatter_tensor"));
+  EXPECT_FALSE(ran("gloo.native", "all_reduce"));
+  all_reduce(in, ReduceOp::SUM, native);
+  EXPECT_TRUE(ran("gloo.native", "all_reduce"));
+  tdc::comm::reset_op_paths();
+  EXPECT_TRUE(tdc::comm::op_paths().empty());
 }
 
 // Patch points (common_fsdp.py's patch_all_gather / patch_reduce_scatter): the newest patch sees every all_gather_into_tensor / reduce_scatter_tensor

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 
 #include <optional>
 #include <set>
+#include <stdexcept>
 
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
@@ -306,6 +308,36 @@ void mark_left(const RankContext& c, const std::string& how) {
 
 }  // namespace
 
+namespace {
+std::map<std::string, harness::RankReporter>& rank_reporters() {
+  static std::map<std::string, harness::RankReporter> r;
+  return r;
+}
+}  // namespace
+
+void reset_rank_reports() {
+  for (auto& [name, r] : rank_reporters()) {
+    try {
+      if (r.reset) r.reset();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tdc: rank reporter '%s' failed to reset: %s\n", name.c_str(), e.what());
+    }
+  }
+}
+
+void write_rank_reports(EventSink& sink, int rank) {
+  for (auto& [name, r] : rank_reporters()) {
+    try {
+      if (!r.collect) continue;
+      nlohmann::json data = nlohmann::json::object();
+      for (const auto& [key, values] : r.collect()) data[key] = values;
+      sink.write({{"e", "report"}, {"rank", rank}, {"name", name}, {"data", std::move(data)}});
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tdc: rank reporter '%s' failed on rank %d: %s\n", name.c_str(), rank, e.what());
+    }
+  }
+}
+
 void run_rank(const RankContext& c, const std::function<void()>& body, EventSink& sink, int num_threads) {
   auto t0 = std::chrono::steady_clock::now();
   ContextScope scope(c);
@@ -326,6 +358,7 @@ void run_rank(const RankContext& c, const std::function<void()>& body, EventSink
       if (c.launcher != Launcher::Thread) {
         if (num_threads > 0) at::set_num_threads(num_threads);
         at::manual_seed(c.seed);
+        reset_rank_reports();  // one rank per process; the thread launcher resets before its threads
       }
       if (c.device.is_cuda()) c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(c.device);
       body();
@@ -345,8 +378,16 @@ void run_rank(const RankContext& c, const std::function<void()>& body, EventSink
                                                           : "pass");
   }
   double dur = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  write_rank_reports(sink, c.rank);
   sink.write({{"e", "done"}, {"rank", c.rank}, {"dur", dur}});
 }
 
 }  // namespace detail
+
+void add_rank_reporter(const std::string& name, RankReporter reporter) {
+  if (name.empty()) throw std::invalid_argument("add_rank_reporter: the reporter's name is empty");
+  if (!detail::rank_reporters().emplace(name, std::move(reporter)).second)
+    throw std::invalid_argument(fmt::format("add_rank_reporter: a reporter named '{}' is already registered", name));
+}
+
 }  // namespace tdc::harness

@@ -21,6 +21,7 @@ namespace tdc::harness::detail {
 // thread ranks sharing one pipe never interleave.
 //   {"e":"fail","rank":r,"file":f,"line":n,"msg":m}   a failed assertion or an exception
 //   {"e":"skip","rank":r,"msg":m}                      GTEST_SKIP / TDC_SKIP_IF
+//   {"e":"report","rank":r,"name":n,"data":{k:[v]}}    [Note: rank reports], before "done"
 //   {"e":"done","rank":r,"dur":s}                      the body returned
 class EventSink {
  public:
@@ -79,6 +80,11 @@ struct ChildSpec {
   int num_threads = 1;
 };
 ChildSpec& child_spec();
+
+// [Note: rank reports]: every registered reporter's reset, in this process; its collect on
+// `rank`, as {"e":"report","rank":r,"name":n,"data":{key:[values]}} events.
+void reset_rank_reports();
+void write_rank_reports(EventSink& sink, int rank);
 
 // Outcome of the test that run_distributed ran last, for the results listener.
 struct LastOutcome {

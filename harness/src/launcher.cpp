@@ -131,6 +131,7 @@ Outcome launch_local(const LaunchSpec& spec, const std::function<void()>& body) 
         install_rank_signal_handlers(stacks_file(temp_dir, 0), -1);
         if (spec.num_threads > 0) at::set_num_threads(spec.num_threads);
         at::manual_seed(spec.seed);
+        reset_rank_reports();
         auto store = c10::make_intrusive<c10d::HashStore>();
         EventSink sink(p.events[1]);
         std::vector<RankContext> contexts;

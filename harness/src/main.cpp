@@ -220,6 +220,7 @@ class ResultsListener : public testing::EmptyTestEventListener {
       r.ranks = last.outcome.ranks;
       r.world_size = last.world_size;
       r.launcher = last.launcher;
+      r.reports = last.outcome.reports;
       // An assertion in the TEST body itself (outside the ranks) still fails the test.
       if (r.status == Status::Pass && g.Failed())
         r.status = Status::Fail, r.message = fmt::format("{}", fmt::join(msgs, "\n"));
@@ -237,6 +238,7 @@ class ResultsListener : public testing::EmptyTestEventListener {
 
   void OnTestProgramEnd(const testing::UnitTest&) override {
     results_.run_info.duration_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    for (const TestResult& t : results_.tests) merge_reports(results_.reports, t.reports);
     const internal::RunSettings& s = internal::settings();
     if (!s.results_path.empty()) write_results_json(results_, s.results_path);
     if (!s.junit_path.empty()) write_junit_xml(results_, s.junit_path);

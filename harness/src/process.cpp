@@ -176,6 +176,15 @@ void Supervisor::handle_events(std::string& buf) {
     } else if (e == "skip") {
       rs.skipped = true;
       rs.skips.push_back(j.value("msg", ""));
+    } else if (e == "report") {
+      // [Note: rank reports]: the union over ranks, per reporter.
+      const nlohmann::json& data = j.contains("data") ? j["data"] : nlohmann::json::object();
+      if (!data.is_object()) continue;
+      Report& into = reports_[j.value("name", "")];
+      for (const auto& [key, values] : data.items())
+        if (values.is_array())
+          for (const auto& v : values)
+            if (v.is_string()) into[key].insert(v.get<std::string>());
     } else if (e == "done") {
       rs.done = true;
       rs.duration_s = j.value("dur", 0.0);
@@ -325,6 +334,7 @@ std::string Supervisor::crash_reason(const ChildProc& c, int rank) const {
 Outcome Supervisor::make_outcome(bool timed_out, const std::string& stacks, double elapsed) {
   Outcome o;
   o.duration_s = elapsed;
+  o.reports = reports_;
   std::vector<std::string> crash_msgs, fail_msgs, skip_msgs;
   std::vector<int> skipped_ranks, ran_ranks, still_running;
 

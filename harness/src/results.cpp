@@ -132,6 +132,7 @@ nlohmann::json to_json(const RunResults& r) {
                {"ranks", std::move(ranks)}};
     if (!t.expectation.empty()) jt["expectation"] = t.expectation;
     if (!t.repeat_statuses.empty()) jt["repeat_statuses"] = t.repeat_statuses;
+    if (!t.reports.empty()) jt["reports"] = t.reports;
     tests.push_back(std::move(jt));
   }
   // The summary is derived from "tests"; readers recompute it and ignore this copy.
@@ -139,10 +140,12 @@ nlohmann::json to_json(const RunResults& r) {
   for (const auto& [status, n] : r.counts()) summary[to_string(status)] = n;
   summary["total"] = r.tests.size();
   summary["ok"] = r.ok();
-  return {{"schema_version", r.schema_version},
-          {"run_info", std::move(run_info)},
-          {"summary", std::move(summary)},
-          {"tests", std::move(tests)}};
+  json out = {{"schema_version", r.schema_version},
+              {"run_info", std::move(run_info)},
+              {"summary", std::move(summary)},
+              {"tests", std::move(tests)}};
+  if (!r.reports.empty()) out["reports"] = r.reports;
+  return out;
 }
 
 namespace {
@@ -208,6 +211,33 @@ class Reader {
 // JSON text must be valid UTF-8; test output is not always (a rank can print anything).
 std::string dump(const json& j) { return j.dump(2, ' ', false, json::error_handler_t::replace); }
 
+}  // namespace
+
+void merge_reports(Reports& into, const Reports& from) {
+  for (const auto& [name, report] : from)
+    for (const auto& [key, values] : report) into[name][key].insert(values.begin(), values.end());
+}
+
+namespace {
+// "reports": {NAME: {KEY: [VALUE, ...]}} ([Note: rank reports]); `where` names the field.
+Reports reports_from_json(const json& j, const std::string& where) {
+  Reports out;
+  if (!j.is_object()) throw std::runtime_error(fmt::format("{}: expected an object", where));
+  for (const auto& [name, report] : j.items()) {
+    if (!report.is_object()) throw std::runtime_error(fmt::format("{}.{}: expected an object", where, name));
+    for (const auto& [key, values] : report.items()) {
+      if (!values.is_array())
+        throw std::runtime_error(fmt::format("{}.{}.{}: expected an array of strings", where, name, key));
+      for (const auto& v : values) {
+        if (!v.is_string())
+          throw std::runtime_error(fmt::format("{}.{}.{}: expected an array of strings, found {}", where, name, key,
+                                               v.dump()));
+        out[name][key].insert(v.get<std::string>());
+      }
+    }
+  }
+  return out;
+}
 }  // namespace
 
 RunResults results_from_json(const nlohmann::json& j) {
@@ -287,8 +317,11 @@ RunResults results_from_json(const nlohmann::json& j) {
         t.ranks.push_back(std::move(d));
       }
     }
+    if (tests[k].contains("reports")) t.reports = reports_from_json(tests[k]["reports"], rt.field("reports"));
     r.tests.push_back(std::move(t));
   }
+  if (j.contains("reports")) r.reports = reports_from_json(j["reports"], "reports");
+  for (const TestResult& t : r.tests) merge_reports(r.reports, t.reports);
   return r;
 }
 

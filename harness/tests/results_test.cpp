@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -160,6 +161,38 @@ TEST_F(ResultsTest, JsonRoundTripOfEveryStatus) {
   EXPECT_EQ(j["summary"]["total"], 8);
   EXPECT_EQ(j["summary"]["XPASS"], 1);
   EXPECT_EQ(j["tests"][0]["status"], "PASS");
+}
+
+// [Note: rank reports]: tests[].reports and the run's reports round-trip; the run's is the
+// union of the tests' even when a writer left it out; a malformed report is refused by field.
+TEST_F(ResultsTest, ReportsRoundTripAndMerge) {
+  RunResults r = sample();
+  r.tests[0].reports["comm_ops"]["gloo.native"] = {"all_reduce", "reduce_scatter_tensor"};
+  r.tests[1].reports["comm_ops"]["gloo.native"] = {"broadcast"};
+  r.tests[1].reports["comm_ops"]["gloo.emulated"] = {"AVG"};
+  for (const auto& t : r.tests) merge_reports(r.reports, t.reports);
+  EXPECT_EQ(r.reports["comm_ops"]["gloo.native"],
+            (std::set<std::string>{"all_reduce", "broadcast", "reduce_scatter_tensor"}));
+  fs::path p = dir_ / "results.json";
+  write_results_json(r, p);
+  RunResults back = read_results(p);
+  EXPECT_EQ(back.tests[0].reports, r.tests[0].reports);
+  EXPECT_EQ(back.tests[1].reports, r.tests[1].reports);
+  EXPECT_TRUE(back.tests[2].reports.empty());
+  EXPECT_EQ(back.reports, r.reports);
+
+  json j = json::parse(slurp(p));
+  j.erase("reports");
+  EXPECT_EQ(results_from_json(j).reports, r.reports) << "the run's reports are the union of the tests'";
+  j["tests"][1]["reports"]["comm_ops"]["gloo.native"] = json::array({"broadcast", 3});
+  try {
+    results_from_json(j);
+    FAIL() << "no exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("tests[1].reports.comm_ops.gloo.native"), std::string::npos) << e.what();
+  }
+  j["tests"][1]["reports"] = json::array();
+  EXPECT_THROW(results_from_json(j), std::runtime_error);
 }
 
 TEST_F(ResultsTest, InvalidUtf8InMessagesStillWritesJson) {

@@ -1,5 +1,6 @@
 #include "tdc/comm/collectives.h"
 #include "tdc/libtorch_compat.h"
+#include "tdc/comm/op_paths.h"
 #include "tdc/comm/testing.h"
 
 #include <cstdio>
@@ -114,6 +115,15 @@ void record(const std::optional<OpKind>& kind, int64_t bytes) {
   if (kind) CommDebugMode::record(*kind, bytes);
 }
 
+// [Note: which ops ran natively]: `op` ran on g's backend natively or as tdc's emulation.
+void record_path(const ProcessGroup& g, const char* op, bool native) {
+  record_op_path(g.backend_name(), op, native ? OpPath::Native : OpPath::Emulated);
+}
+// An AVG reduction: the backend's own or tdc's SUM / size.
+void record_avg(const ProcessGroup& g, ReduceOp op, bool emulated) {
+  if (op == ReduceOp::AVG) record_path(g, "AVG", !emulated);
+}
+
 Work finish(c10::intrusive_ptr<c10d::Work> w, std::function<void()> then, bool async_op) {
   Work work(std::move(w), std::move(then));
   if (!async_op) work.wait();
@@ -158,6 +168,8 @@ Work all_reduce(at::Tensor& tensor, ReduceOp op, const GroupPtr& group, bool asy
             .local_error = op == ReduceOp::AVG ? avg_error("all_reduce", g, tensor) : ""});
   record(record_as, tensor.nbytes());
   const bool emulate_avg = op == ReduceOp::AVG && !g.native_avg();
+  record_path(g, "all_reduce", true);
+  record_avg(g, op, emulate_avg);
   Staged s = stage(tensor);
   std::vector<at::Tensor> v{s.buf};
   c10d::AllreduceOptions opts;
@@ -188,6 +200,7 @@ Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const G
   at::Tensor in_flat = in.view({in.numel()});
   c10d::AllgatherOptions opts;
   opts.timeout = g.options().timeout;
+  record_path(g, "all_gather_into_tensor", true);
   auto w = g.backend()._allgather_base(out_flat, in_flat, opts);
   return finish(
       std::move(w), [s, in] { s.publish(); }, async_op);
@@ -222,6 +235,8 @@ Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp
     }
     if (w) {
       g.learned_native_reduce_scatter(true);
+      record_path(g, "reduce_scatter_tensor", true);
+      record_avg(g, op, emulate_avg);
       return finish(
           std::move(w),
           [s, in, emulate_avg, n] {
@@ -234,6 +249,8 @@ Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp
   // Emulation (backends without a native reduce-scatter that honours the op): one all-to-all
   // moves chunk r of every rank to rank r (bandwidth-optimal, like a ring reduce-scatter), then
   // the n received chunks are reduced locally, in rank order.
+  record_path(g, "reduce_scatter_tensor", false);
+  record_avg(g, op, true);
   at::Tensor received = at::empty_like(in);
   std::vector<int64_t> even;
   c10d::AllToAllOptions opts;
@@ -357,6 +374,7 @@ Work all_to_all_single(at::Tensor& output, const at::Tensor& input, const std::v
   std::vector<int64_t> osz = output_split_sizes, isz = input_split_sizes;
   c10d::AllToAllOptions opts;
   opts.timeout = g.options().timeout;
+  record_path(g, "all_to_all_single", true);
   auto w = g.backend().alltoall_base(s.buf, in, osz, isz, opts);
   return detail::finish(
       std::move(w), [s, in] { s.publish(); }, async_op);
@@ -376,6 +394,7 @@ Work broadcast(at::Tensor& tensor, int src, const GroupPtr& group, bool async_op
   c10d::BroadcastOptions opts;
   opts.rootRank = src;
   opts.timeout = g.options().timeout;
+  record_path(g, "broadcast", true);
   auto w = g.backend().broadcast(v, opts);
   return finish(
       std::move(w), [s] { s.publish(); }, async_op);
@@ -400,6 +419,7 @@ Work send(const at::Tensor& tensor, int dst, const GroupPtr& group, int tag) {
   check_peer("send", "dst", dst, g);
   CommDebugMode::record(OpKind::Send, tensor.nbytes());
   std::vector<at::Tensor> v{detail::backend_view(tensor).contiguous()};
+  detail::record_path(g, "send", true);
   auto w = g.backend().send(v, dst, tag);
   return Work(std::move(w), [v] {});  // keeps the contiguous copy alive until sent
 }
@@ -410,6 +430,7 @@ Work recv(at::Tensor& tensor, int src, const GroupPtr& group, int tag) {
   CommDebugMode::record(OpKind::Recv, 0);
   detail::Staged s = detail::stage(tensor);
   std::vector<at::Tensor> v{s.buf};
+  detail::record_path(g, "recv", true);
   auto w = g.backend().recv(v, src, tag);
   return Work(std::move(w), [s] { s.publish(); });
 }
@@ -420,6 +441,7 @@ void barrier(const GroupPtr& group) {
   CommDebugMode::record(OpKind::Barrier, 0);
   c10d::BarrierOptions opts;
   opts.timeout = g.options().timeout;
+  detail::record_path(g, "barrier", true);
   g.backend().barrier(opts)->wait();
 }
 

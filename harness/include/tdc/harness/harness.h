@@ -14,7 +14,10 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -80,6 +83,22 @@ std::string gpu_skip_reason(const std::string& backend, int world_size, int min_
 // Until an implementation declares anything, every capability is assumed present.
 void declare_capabilities(const std::string& implementation, const std::vector<std::string>& features);
 bool has_capability(const std::string& feature);
+
+// ------------------------------------------------------------------ rank reports
+// [Note: rank reports] What the implementation under test did, beyond pass or fail, that a run's
+// results should say: e.g. which collectives each backend ran natively and which tdc emulated
+// ([Note: which ops ran natively], tdc/comm/op_paths.h). A reporter registered here (once per
+// process, by the implementation's conformance glue) is reset in each rank's process before the
+// test body runs (once for the threads of a thread launch) and collected on each rank when the
+// body ends, pass or fail. The parent keeps per reporter the union over ranks: results.json's
+// tests[].reports, and the union over the run's tests, reports. A report is key -> set of values;
+// a reporter that throws is skipped, its message on the rank's stderr.
+struct RankReporter {
+  std::function<void()> reset;
+  std::function<std::map<std::string, std::set<std::string>>()> collect;
+};
+// Throws std::invalid_argument when `name` is empty or already registered.
+void add_rank_reporter(const std::string& name, RankReporter reporter);
 
 // ------------------------------------------------------------------ preflight
 // Checks of a run's settings that must hold before any test starts: is the backend known, does

@@ -45,6 +45,7 @@ struct Outcome {
   std::vector<Failure> failures;  // individual rank failures (file:line)
   std::vector<RankDetail> ranks;
   double duration_s = 0;
+  Reports reports;  // the union of the ranks' reports ([Note: rank reports])
 };
 
 // Runs body on spec.world_size ranks with the given launcher. Never throws for test failures;

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,12 @@ enum class RankStatus {
 const char* to_string(RankStatus s);
 RankStatus rank_status_from_string(const std::string& s);  // throws std::invalid_argument
 
+// [Note: rank reports] (harness.h): per reporter, key -> values; the union over ranks, tests and
+// binaries (merge_reports).
+using Report = std::map<std::string, std::set<std::string>>;
+using Reports = std::map<std::string, Report>;
+void merge_reports(Reports& into, const Reports& from);
+
 struct RankDetail {
   int rank = 0;
   RankStatus status = RankStatus::Unknown;
@@ -54,6 +61,7 @@ struct TestResult {
   std::string expectation;  // reason from the expectations file, if one applied
   // With --repeat N: how often each status was seen ("PASS" -> 19, "FAIL" -> 1); empty otherwise.
   std::map<std::string, int> repeat_statuses;
+  Reports reports;  // what the implementation reported from the ranks ([Note: rank reports])
 };
 
 struct RunInfo {
@@ -79,6 +87,7 @@ struct RunResults {
   int schema_version = 1;
   RunInfo run_info;
   std::vector<TestResult> tests;
+  Reports reports;  // the union of the tests' reports
 
   std::map<Status, int> counts() const;
   bool ok() const;  // no failure status
