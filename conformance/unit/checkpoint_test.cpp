@@ -201,6 +201,14 @@ TDC_DIST_TEST(StateDictTest, OptimizerStateKeyedByFqn, .world_size = 2) {
   const StateDict before = checkpoint::get_model_state_dict(*model, {.full_state_dict = true});
   StateDict osd = checkpoint::get_optimizer_state_dict(*model, optim);
   expect_same(checkpoint::get_model_state_dict(*model, {.full_state_dict = true}), before);
+  {
+    // The lr-0 step matters where zero gradients still move a parameter: AdamW's decoupled weight
+    // decay (default 1e-2) would scale every parameter by 1 - lr * weight_decay.
+    SCOPED_TRACE("AdamW");
+    torch::optim::AdamW adamw(model->params(), torch::optim::AdamWOptions(0.01));
+    EXPECT_TRUE(checkpoint::get_optimizer_state_dict(*model, adamw).contains("state.0.in_proj.weight.exp_avg"));
+    expect_same(checkpoint::get_model_state_dict(*model, {.full_state_dict = true}), before);
+  }
   EXPECT_TRUE(osd.contains("state.0.in_proj.weight.exp_avg"));
   EXPECT_EQ(checkpoint::as_tensor(osd, "state.0.in_proj.weight.step").dim(), 0);
   EXPECT_EQ(tensor::to_string(checkpoint::as_dtensor(osd, "state.0.in_proj.weight.exp_avg_sq").placements()),

@@ -316,6 +316,61 @@ TDC_DIST_TEST(DDPTest, FindUnusedParameters, .world_size = 2) {
   });
 }
 
+// "used" on every rank, "branch" only where use_branch is set (rank 0 in the test below).
+class BranchOnSomeRanks : public nn::Module {
+ public:
+  explicit BranchOnSomeRanks(bool use_branch) : BranchOnSomeRanks(use_branch, Empty{}) {
+    register_child("used", std::make_shared<nn::Linear>(kMlpDim, kMlpDim));
+    register_child("branch", std::make_shared<nn::Linear>(kMlpDim, kMlpDim));
+  }
+  nn::Tensors forward(const nn::Tensors& in) override {
+    at::Tensor y = submodule("used")(in).at(0);
+    if (use_branch_) y = y + submodule("branch")(in).at(0);
+    return {y};
+  }
+  nn::ModulePtr clone_empty() const override {
+    return std::shared_ptr<BranchOnSomeRanks>(new BranchOnSomeRanks(use_branch_, Empty{}));
+  }
+
+ private:
+  struct Empty {};
+  BranchOnSomeRanks(bool use_branch, Empty) : nn::Module("BranchOnSomeRanks"), use_branch_(use_branch) {}
+  bool use_branch_;
+};
+
+// A parameter that one rank used and the other did not is used: the decision is global (PyTorch's
+// reducer all-reduces the local usage with SUM), so every rank gets the average of rank 0's
+// gradient and rank 1's zeros. A rank-local decision, or a MIN over ranks, would leave it unsynced.
+TDC_DIST_TEST(DDPTest, FindUnusedParametersUsedOnOneRankOnly, .world_size = 2) {
+  const int world = ctx().world_size, rank = ctx().rank;
+  auto model = std::make_shared<BranchOnSomeRanks>(rank == 0);
+  nn::ModulePtr local = reference_copy(*model);  // the same weights, no DDP: this rank's own gradient
+  auto d = std::make_shared<ddp::DistributedDataParallel>(model, conformance::world(),
+                                                          ddp::DDPOptions{.find_unused_parameters = true});
+  for (int step = 0; step < 2; ++step) {
+    Batch b = global_batch("mlp", step, world).slice(rank, world);
+    loss_of(*d, b).backward();
+    loss_of(*local, b).backward();
+    auto got = model->named_params(), mine = local->named_params();
+    ASSERT_EQ(got.size(), mine.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      at::Tensor want = mine[i].second.grad().defined() ? mine[i].second.grad().clone()
+                                                        : at::zeros_like(mine[i].second);
+      comm::all_reduce(want, comm::ReduceOp::AVG, conformance::world());
+      ASSERT_TRUE(got[i].second.grad().defined()) << "step " << step << ": '" << got[i].first
+                                                  << "' was used on rank 0, so it has a gradient on every rank";
+      EXPECT_TRUE(tdc::conformance::assert_close(got[i].second.grad(), want, tdc::conformance::Tolerance{1.3e-6, 1e-5}))
+          << "step " << step << ": '" << got[i].first << "'";
+    }
+    sgd_step(model->params(), 0.05);
+    sgd_step(local->params(), 0.05);
+    // The local copy follows the synchronised weights, so the next step starts from the same ones.
+    at::NoGradGuard no_grad;
+    auto to = local->params(), from = model->params();
+    for (size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
+  }
+}
+
 // Different models on different ranks: every rank gets the same error naming the first differing
 // parameter and each rank's shape, at construction (no hang in the broadcast).
 TDC_DIST_TEST(DDPTest, MismatchedParametersError, .world_size = 2) {
