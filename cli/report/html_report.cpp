@@ -380,9 +380,9 @@ std::string section_reports(const ReportInput& in) {
   for (const auto& run : in.runs)
     for (const auto& [name, report] : run.results.reports)
       for (const auto& [key, values] : report)
-        rows += fmt::format("<tr><th>{}</th><td>{}</td><td>{}</td><td>{}</td></tr>\n", html_escape(run.label),
-                            html_escape(name), html_escape(key),
-                            html_escape(fmt::format("{}", fmt::join(values, ", "))));
+        rows +=
+            fmt::format("<tr><th>{}</th><td>{}</td><td>{}</td><td>{}</td></tr>\n", html_escape(run.label),
+                        html_escape(name), html_escape(key), html_escape(fmt::format("{}", fmt::join(values, ", "))));
   if (rows.empty())
     return "<section id=\"reports\"><h2>Reports</h2>\n<p>The implementation reported nothing from its ranks.</p>"
            "</section>\n";

@@ -76,10 +76,9 @@ using FSDP = fsdp1::FullyShardedDataParallel;
 
 constexpr int kWorld = 4;  // the classes' world_size
 
-// Local tensors that loading restored by copy: equal bit for bit.
+// Local tensors that loading restored by copy: equal bit for bit, in the same dtype.
 ::testing::AssertionResult exactly_equal(const at::Tensor& actual, const at::Tensor& expected) {
-  if (actual.sizes() == expected.sizes() && at::equal(actual, expected)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "tensors differ: " << actual << " vs " << expected;
+  return conformance::assert_close(actual, expected, conformance::Tolerance{0, 0});
 }
 
 // torch.distributed.fsdp._common_utils.clean_tensor_name: the FSDP and activation-checkpoint

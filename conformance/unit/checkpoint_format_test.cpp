@@ -18,9 +18,13 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "tdc/conformance/checks.h"
 #include "tdc/checkpoint/detail/safetensors.h"
 
 namespace {
+
+using tdc::conformance::assert_close;
+using tdc::conformance::Tolerance;
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
@@ -274,7 +278,7 @@ TEST(CheckpointFormat, EmptyChunks) {
   EXPECT_EQ(keys_of(file), (std::vector<std::string>{"a", "b", "c"}));  // [0, 0], [0, 16], [16, 16]
   EXPECT_EQ(chunk_of(file, "a").offsets, (std::vector<int64_t>{6, 0}));
   EXPECT_EQ(read_rows(file, chunk_of(file, "a"), 0, 0).sizes().vec(), (std::vector<int64_t>{0, 4}));
-  EXPECT_TRUE(read_rows(file, chunk_of(file, "b"), 0, 2).equal(at::ones({2, 2})));
+  EXPECT_TRUE(assert_close(read_rows(file, chunk_of(file, "b"), 0, 2), at::ones({2, 2}), Tolerance{0, 0}));
 
   write_file(empty, {item("layers.0.weight", at::empty({0, 4}), {6, 0}, {6, 4})});
   FileHeader all_empty = read_header(empty);
@@ -341,10 +345,11 @@ TEST(CheckpointFormat, UnalignedConsolidatedFile) {
   EXPECT_EQ(scale.scalar_type(), at::kBFloat16);
   EXPECT_EQ(scale[0].item<float>(), 1.5f);
   EXPECT_EQ(scale[1].item<float>(), -2.0f);
-  EXPECT_TRUE(read_rows(file, chunk_of(file, "layers.0.weight"), 0, 6).equal(w0));
-  EXPECT_TRUE(read_rows(file, chunk_of(file, "layers.0.weight"), 2, 5).equal(w0.slice(0, 2, 5)));
-  EXPECT_TRUE(read_rows(file, chunk_of(file, "layers.0.bias"), 1, 6).equal(b0.slice(0, 1, 6)));
-  EXPECT_TRUE(read_rows(file, chunk_of(file, "layers.1.weight"), 0, 3).equal(w1));
+  EXPECT_TRUE(assert_close(read_rows(file, chunk_of(file, "layers.0.weight"), 0, 6), w0, Tolerance{0, 0}));
+  EXPECT_TRUE(
+      assert_close(read_rows(file, chunk_of(file, "layers.0.weight"), 2, 5), w0.slice(0, 2, 5), Tolerance{0, 0}));
+  EXPECT_TRUE(assert_close(read_rows(file, chunk_of(file, "layers.0.bias"), 1, 6), b0.slice(0, 1, 6), Tolerance{0, 0}));
+  EXPECT_TRUE(assert_close(read_rows(file, chunk_of(file, "layers.1.weight"), 0, 3), w1, Tolerance{0, 0}));
 }
 
 // FSDP2, ws=2, rank 1's file as torch wrote it (N=432: 4 trailing spaces).
@@ -368,9 +373,9 @@ TEST(CheckpointFormat, GoldenPyTorchHeaderWs2Rank1) {
   EXPECT_EQ(chunk_of(file, "layers.1.weight").offsets, (std::vector<int64_t>{2, 0}));
   EXPECT_EQ(chunk_of(file, "layers.0.weight").begin, 12u);
   EXPECT_FALSE(chunk_of(file, "layers.0.weight").global_shape.has_value());
-  EXPECT_TRUE(read_rows(file, chunk_of(file, "layers.0.bias"), 0, 3).equal(bias));
-  EXPECT_TRUE(read_rows(file, chunk_of(file, "layers.0.weight"), 0, 3).equal(w0));
-  EXPECT_TRUE(read_rows(file, chunk_of(file, "layers.1.weight"), 0, 1).equal(w1));
+  EXPECT_TRUE(assert_close(read_rows(file, chunk_of(file, "layers.0.bias"), 0, 3), bias, Tolerance{0, 0}));
+  EXPECT_TRUE(assert_close(read_rows(file, chunk_of(file, "layers.0.weight"), 0, 3), w0, Tolerance{0, 0}));
+  EXPECT_TRUE(assert_close(read_rows(file, chunk_of(file, "layers.1.weight"), 0, 1), w1, Tolerance{0, 0}));
 }
 
 // FSDP2, ws=4, rank 3: every shard empty, at the dim size; N=424, file size 432.
@@ -636,7 +641,7 @@ TEST(CheckpointFormatBadFile, ChecksumMismatchOnRead) {
     EXPECT_THAT(msg, HasSubstr("corrupt"));
   }
   // A partial read cannot be checked against the whole chunk's checksum.
-  EXPECT_TRUE(read_rows(file, c, 0, 2).equal(at::arange(8, at::kFloat).reshape({2, 4})));
+  EXPECT_TRUE(assert_close(read_rows(file, c, 0, 2), at::arange(8, at::kFloat).reshape({2, 4}), Tolerance{0, 0}));
 }
 
 // read_rows and verify_chunk hash in 1 MiB pieces: a chunk of several pieces and a tail,
@@ -648,7 +653,7 @@ TEST(CheckpointFormatBadFile, ChecksumMismatchInALargeChunk) {
   write_file(path, {item("big", t)});
   FileHeader file = read_header(path);
   EXPECT_NO_THROW(verify_chunk(file, file.chunks[0]));
-  EXPECT_TRUE(read_rows(file, file.chunks[0], 0, t.size(0)).equal(t));
+  EXPECT_TRUE(assert_close(read_rows(file, file.chunks[0], 0, t.size(0)), t, Tolerance{0, 0}));
   std::string raw = read_raw(path);
   raw.back() ^= 1;
   write_raw(path, raw);
@@ -709,7 +714,7 @@ TEST(CheckpointFormatWrite, ConjugateViewIsWrittenResolved) {
   at::Tensor z = at::complex(at::arange(3, at::kFloat), at::ones({3}));
   write_file(dir / "z.safetensors", {item("z", z.conj())});
   FileHeader file = read_header(dir / "z.safetensors");
-  EXPECT_TRUE(read_rows(file, file.chunks[0], 0, 3).equal(z.conj().resolve_conj()));
+  EXPECT_TRUE(assert_close(read_rows(file, file.chunks[0], 0, 3), z.conj().resolve_conj(), Tolerance{0, 0}));
 }
 
 TEST(CheckpointFormatWrite, CannotCreateNamesThePath) {
@@ -839,8 +844,9 @@ print("OK")
   FileHeader file = read_header(dir / "py.safetensors");
   EXPECT_FALSE(file.has_sharding_info);
   EXPECT_EQ(file.metadata.at("format"), "pt");
-  EXPECT_TRUE(read_rows(file, chunk_of(file, "x"), 0, 6).equal(w));
-  EXPECT_TRUE(read_rows(file, chunk_of(file, "y"), 0, 2).equal(at::tensor({1, -2}, at::kShort)));
+  EXPECT_TRUE(assert_close(read_rows(file, chunk_of(file, "x"), 0, 6), w, Tolerance{0, 0}));
+  EXPECT_TRUE(
+      assert_close(read_rows(file, chunk_of(file, "y"), 0, 2), at::tensor({1, -2}, at::kShort), Tolerance{0, 0}));
 }
 
 }  // namespace

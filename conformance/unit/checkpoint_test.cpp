@@ -33,6 +33,9 @@
 
 namespace {
 
+using tdc::conformance::assert_close;
+using tdc::conformance::Tolerance;
+
 using namespace tdc;
 using checkpoint::StateDict;
 using checkpoint::StateDictOptions;
@@ -85,7 +88,7 @@ void expect_same(const StateDict& a, const StateDict& b) {
       EXPECT_EQ(std::get<nlohmann::json>(a.at(key)), std::get<nlohmann::json>(b.at(key))) << key;
       continue;
     }
-    EXPECT_TRUE(at::equal(checkpoint::as_tensor(a, key), checkpoint::as_tensor(b, key))) << key;
+    EXPECT_TRUE(assert_close(checkpoint::as_tensor(a, key), checkpoint::as_tensor(b, key), Tolerance{0, 0})) << key;
   }
 }
 
@@ -172,8 +175,8 @@ TDC_DIST_TEST(StateDictTest, SetNamesEveryBadKeyAndChangesNothing, .world_size =
   checkpoint::set_model_state_dict(*model, sd, {.strict = false});
   StateDict after = checkpoint::get_model_state_dict(*model, {.full_state_dict = true});
   EXPECT_EQ(checkpoint::as_tensor(after, "0.in_proj.weight").abs().sum().item<double>(), 0.0);
-  EXPECT_TRUE(
-      at::equal(checkpoint::as_tensor(after, "2.out_proj.bias"), checkpoint::as_tensor(before, "2.out_proj.bias")));
+  EXPECT_TRUE(assert_close(checkpoint::as_tensor(after, "2.out_proj.bias"),
+                           checkpoint::as_tensor(before, "2.out_proj.bias"), Tolerance{0, 0}));
 }
 
 TDC_DIST_TEST(StateDictTest, BroadcastFromRank0SetsEveryRanksShard, .world_size = 4) {
@@ -334,7 +337,7 @@ TDC_DIST_TEST(CheckpointTest, JsonValuesGoToTheManifest, .world_size = 2) {
   back.set("extra", nlohmann::json());
   checkpoint::load(back, dir);
   EXPECT_EQ(std::get<nlohmann::json>(back.at("extra"))["epoch"], 3);
-  EXPECT_TRUE(at::equal(checkpoint::as_tensor(back, "w"), at::arange(6, at::kFloat)));
+  EXPECT_TRUE(assert_close(checkpoint::as_tensor(back, "w"), at::arange(6, at::kFloat), Tolerance{0, 0}));
   // The replicated tensor was written once.
   int files = 0;
   for (const auto& e : fs::directory_iterator(dir)) files += e.path().extension() == ".safetensors";
@@ -389,7 +392,8 @@ TDC_DIST_TEST(CheckpointTest, CrashAtAnyStepLeavesOldOrNew, .world_size = 1, .ti
     checkpoint::load(back, dir);
     const float a = checkpoint::as_tensor(back, "a")[0].item<float>();
     EXPECT_TRUE(a == 1.0f || a == 2.0f);
-    EXPECT_TRUE(at::equal(checkpoint::as_tensor(back, "b"), at::full({3, 5}, a))) << "a mix of two checkpoints";
+    EXPECT_TRUE(assert_close(checkpoint::as_tensor(back, "b"), at::full({3, 5}, a), Tolerance{0, 0}))
+        << "a mix of two checkpoints";
     // Whatever staging directory the crash left is refused as a checkpoint.
     for (const auto& e : fs::directory_iterator(ctx().temp_dir)) {
       if (e.path().filename().string().find("tdc-staging") == std::string::npos) continue;
@@ -488,7 +492,7 @@ void expect_round_trip(const StateDict& in, const StateDict& out) {
     EXPECT_EQ(a.sizes(), b.sizes());
     EXPECT_TRUE(b.is_contiguous());
     EXPECT_TRUE(b.device().is_cpu());
-    EXPECT_TRUE(at::equal(a, b));
+    EXPECT_TRUE(assert_close(a, b, Tolerance{0, 0}));
     if (a.numel() > 0) {
       EXPECT_FALSE(a.is_alias_of(b)) << "from_bytes must return fresh tensors";
     }
@@ -575,15 +579,17 @@ TDC_DIST_TEST(SerializeTest, DTensorsRoundTripOnOneAndTwoDimMeshes, .world_size 
   expect_round_trip(sd, back);
   for (const auto& [key, value] : before) {
     if (const auto* d = std::get_if<tensor::DTensor>(&value)) {
-      EXPECT_TRUE(at::equal(checkpoint::as_dtensor(sd, key).to_local(), d->to_local())) << key << " changed";
+      EXPECT_TRUE(assert_close(checkpoint::as_dtensor(sd, key).to_local(), d->to_local(), Tolerance{0, 0}))
+          << key << " changed";
     }
   }
   // The loaded DTensors are usable: the full tensors are the originals.
-  EXPECT_TRUE(at::equal(checkpoint::as_dtensor(back, "rows").full_tensor(), rows));
-  EXPECT_TRUE(at::equal(checkpoint::as_dtensor(back, "tp_fsdp").full_tensor(), big));
-  EXPECT_TRUE(at::equal(checkpoint::as_dtensor(back, "dp_tp").full_tensor(), big));
-  EXPECT_TRUE(at::equal(checkpoint::as_dtensor(back, "tp_only").full_tensor(), big));
-  EXPECT_TRUE(at::equal(checkpoint::as_dtensor(back, "partial").full_tensor(), at::full({2}, 6.0f)));
+  EXPECT_TRUE(assert_close(checkpoint::as_dtensor(back, "rows").full_tensor(), rows, Tolerance{0, 0}));
+  EXPECT_TRUE(assert_close(checkpoint::as_dtensor(back, "tp_fsdp").full_tensor(), big, Tolerance{0, 0}));
+  EXPECT_TRUE(assert_close(checkpoint::as_dtensor(back, "dp_tp").full_tensor(), big, Tolerance{0, 0}));
+  EXPECT_TRUE(assert_close(checkpoint::as_dtensor(back, "tp_only").full_tensor(), big, Tolerance{0, 0}));
+  EXPECT_TRUE(
+      assert_close(checkpoint::as_dtensor(back, "partial").full_tensor(), at::full({2}, 6.0f), Tolerance{0, 0}));
   EXPECT_EQ(checkpoint::as_dtensor(back, "rows").to_local().size(0), ctx().rank < 2 ? 2 : ctx().rank == 2 ? 1 : 0);
 }
 
@@ -642,7 +648,7 @@ TDC_DIST_TEST(SerializeTest, BadBytesAreRefusedWithWhatIsWrong, .world_size = 1)
   EXPECT_THAT(error_of([&] { from_bytes(version); }),
               HasSubstr("the header's version is 2; this reader knows version 1"));
   EXPECT_THAT(error_of([&] { from_bytes(std::string(8, '\0')); }), HasSubstr("the header is not valid JSON"));
-  EXPECT_TRUE(at::equal(checkpoint::as_tensor(from_bytes(bytes), "w"), at::arange(4, at::kFloat)));
+  EXPECT_TRUE(assert_close(checkpoint::as_tensor(from_bytes(bytes), "w"), at::arange(4, at::kFloat), Tolerance{0, 0}));
 }
 
 }  // namespace

@@ -31,6 +31,9 @@
 
 namespace {
 
+using tdc::conformance::assert_close;
+using tdc::conformance::Tolerance;
+
 using namespace tdc::comm;
 using tdc::harness::ctx;
 using tdc::harness::Params;
@@ -57,7 +60,7 @@ at::Tensor input_of(int rank, at::IntArrayRef shape, int salt = 0) {
 ::testing::AssertionResult close_in_dtype(const at::Tensor& t, const at::Tensor& expected) {
   const auto dt = t.scalar_type();
   const double tol = dt == at::kBFloat16 ? 1e-2 : dt == at::kHalf ? 1e-3 : dt == at::kFloat ? 1e-6 : 1e-12;
-  return tdc::conformance::assert_close(t, expected, tdc::conformance::Tolerance{tol, tol});
+  return assert_close(t, expected, Tolerance{tol, tol});
 }
 
 at::Tensor reduce_f64(const std::vector<at::Tensor>& xs, ReduceOp op) {
@@ -416,7 +419,7 @@ TDC_DIST_TEST(CommTest, MismatchedArgumentsAreReportedNotHung, .world_size = 4) 
   // The group still works after all of that.
   at::Tensor t = at::ones({2});
   all_reduce(t);
-  EXPECT_TRUE(t.equal(at::full({2}, 4.0f)));
+  EXPECT_TRUE(assert_close(t, at::full({2}, 4.0f), Tolerance{0, 0}));
   // Checks off (per thread): no fingerprint exchange; a local error still throws locally, on
   // every rank here since all pass the same bad output.
   set_argument_checks(false);
@@ -428,7 +431,7 @@ TDC_DIST_TEST(CommTest, MismatchedArgumentsAreReportedNotHung, .world_size = 4) 
       },
       {"output is float32[5], expected float32[8]"});
   all_reduce(t);
-  EXPECT_TRUE(t.equal(at::full({2}, 16.0f)));
+  EXPECT_TRUE(assert_close(t, at::full({2}, 16.0f), Tolerance{0, 0}));
   set_argument_checks(true);
   // TDC_COMM_CHECKS=0 sets the default of threads that have not chosen yet. setenv is not
   // thread-safe, so only where ranks are processes.
@@ -492,7 +495,7 @@ TDC_DIST_TEST(CommTest, ProcessGroups, .world_size = 4) {
   ASSERT_NE(self, nullptr);
   at::Tensor t = at::full({3}, 5.0f);
   all_reduce(t, ReduceOp::AVG, self);
-  EXPECT_TRUE(t.equal(at::full({3}, 5.0f)));
+  EXPECT_TRUE(assert_close(t, at::full({3}, 5.0f), Tolerance{0, 0}));
   expect_error([&] { new_group({0, 4}); }, {"new_group: rank 4 is not in the world [0, 4)"});
   expect_error([&] { new_group({1, 1}); }, {"new_group: rank 1 appears twice"});
 
@@ -623,12 +626,12 @@ TDC_DIST_TEST(CommTest, OpPathsSayWhatRanNatively, .world_size = 2) {
   tdc::comm::reset_op_paths();
   at::Tensor in = at::ones({4}), out = at::empty({2});
   reduce_scatter_tensor(out, in, ReduceOp::AVG, native);
-  EXPECT_TRUE(out.equal(at::ones({2})));
+  EXPECT_TRUE(assert_close(out, at::ones({2}), Tolerance{0, 0}));
   EXPECT_TRUE(ran("gloo.native", "reduce_scatter_tensor"));
   EXPECT_TRUE(ran("gloo.emulated", "AVG")) << "Gloo has no AVG: tdc sums and divides";
   EXPECT_FALSE(ran("gloo.emulated", "reduce_scatter_tensor"));
   reduce_scatter_tensor(out, in, ReduceOp::SUM, emulating);
-  EXPECT_TRUE(out.equal(at::full({2}, 2.f)));
+  EXPECT_TRUE(assert_close(out, at::full({2}, 2.f), Tolerance{0, 0}));
   EXPECT_TRUE(ran("gloo.emulated", "reduce_scatter_tensor"));
   EXPECT_FALSE(ran("gloo.native", "all_reduce"));
   all_reduce(in, ReduceOp::SUM, native);
@@ -654,7 +657,7 @@ TDC_DIST_TEST(CommTest, PatchPoints, .world_size = 2) {
       ++outer;
       return original();
     });
-    EXPECT_TRUE(gather().equal(at::tensor({0.f, 0.f, 1.f, 1.f})));
+    EXPECT_TRUE(assert_close(gather(), at::tensor({0.f, 0.f, 1.f, 1.f}), Tolerance{0, 0}));
     {
       tdc::comm::PatchAllGather p2([&](at::Tensor&, const at::Tensor&, const tdc::comm::GroupPtr&, bool,
                                        const std::function<tdc::comm::Work()>& original) {
@@ -681,7 +684,7 @@ TDC_DIST_TEST(CommTest, PatchPoints, .world_size = 2) {
   at::Tensor in = at::ones({2 * n}), out = at::empty({2});
   tdc::comm::reduce_scatter_tensor(out, in, tdc::comm::ReduceOp::SUM, group);
   EXPECT_EQ(rs, 1);
-  EXPECT_TRUE(out.equal(at::full({2}, static_cast<float>(n))));
+  EXPECT_TRUE(assert_close(out, at::full({2}, static_cast<float>(n)), Tolerance{0, 0}));
 }
 
 }  // namespace

@@ -354,11 +354,11 @@ TDC_DIST_TEST(DDPTest, FindUnusedParametersUsedOnOneRankOnly, .world_size = 2) {
     auto got = model->named_params(), mine = local->named_params();
     ASSERT_EQ(got.size(), mine.size());
     for (size_t i = 0; i < got.size(); ++i) {
-      at::Tensor want = mine[i].second.grad().defined() ? mine[i].second.grad().clone()
-                                                        : at::zeros_like(mine[i].second);
+      at::Tensor want =
+          mine[i].second.grad().defined() ? mine[i].second.grad().clone() : at::zeros_like(mine[i].second);
       comm::all_reduce(want, comm::ReduceOp::AVG, conformance::world());
-      ASSERT_TRUE(got[i].second.grad().defined()) << "step " << step << ": '" << got[i].first
-                                                  << "' was used on rank 0, so it has a gradient on every rank";
+      ASSERT_TRUE(got[i].second.grad().defined())
+          << "step " << step << ": '" << got[i].first << "' was used on rank 0, so it has a gradient on every rank";
       EXPECT_TRUE(tdc::conformance::assert_close(got[i].second.grad(), want, tdc::conformance::Tolerance{1.3e-6, 1e-5}))
           << "step " << step << ": '" << got[i].first << "'";
     }

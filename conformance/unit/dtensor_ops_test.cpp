@@ -25,6 +25,7 @@
 
 #include "tdc/comm/argument_checks.h"
 #include "tdc/comm/collectives.h"
+#include "tdc/conformance/checks.h"
 #include "tdc/conformance/support.h"
 #include "tdc/device_mesh.h"
 #include "tdc/harness/harness.h"
@@ -169,7 +170,7 @@ struct Report {
 };
 
 bool close(const at::Tensor& a, const at::Tensor& b) {
-  return a.sizes() == b.sizes() && at::allclose(a, b, 1e-6, 1e-8);
+  return static_cast<bool>(tdc::conformance::assert_close(a, b, tdc::conformance::Tolerance{1e-6, 1e-8}));
 }
 
 void check_case(const OpCase& c, const DeviceMesh& mesh, const std::string& mesh_name, Report& report) {

@@ -19,6 +19,9 @@
 
 namespace {
 
+using tdc::conformance::assert_close;
+using tdc::conformance::Tolerance;
+
 using tdc::comm::ReduceOp;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -139,11 +142,10 @@ void check_transition(const at::Tensor& global, const tdc::DeviceMesh& mesh, con
   EXPECT_EQ(r.shape(), global.sizes().vec());
   EXPECT_EQ(r.spec().local_shape(), r.to_local().sizes().vec());
   if (!has_partial(dst)) {
-    EXPECT_TRUE(tdc::conformance::assert_close(r.to_local(), expected_local(global, mesh, dst),
-                                               tdc::conformance::Tolerance{kTol, kTol}));
+    EXPECT_TRUE(assert_close(r.to_local(), expected_local(global, mesh, dst), Tolerance{kTol, kTol}));
   } else {
     ASSERT_EQ(r.to_local().sizes().vec(), expected_local(global, mesh, dst).sizes().vec());
-    EXPECT_TRUE(tdc::conformance::assert_close(r.full_tensor(), global, tdc::conformance::Tolerance{kTol, kTol}));
+    EXPECT_TRUE(assert_close(r.full_tensor(), global, Tolerance{kTol, kTol}));
   }
 }
 
@@ -204,8 +206,7 @@ TDC_DIST_TEST(DTensorTest, StridedShard) {
         EXPECT_EQ(d.spec().local_shape(), d.to_local().sizes().vec());
         if (global.size(0) == 8) {
           const auto c = mesh.get_coordinate();
-          EXPECT_TRUE(tdc::conformance::assert_close(d.to_local(), global.chunk(4, 0)[c[1] * 2 + c[0]],
-                                                     tdc::conformance::Tolerance{kTol, kTol}));
+          EXPECT_TRUE(assert_close(d.to_local(), global.chunk(4, 0)[c[1] * 2 + c[0]], Tolerance{kTol, kTol}));
           EXPECT_EQ(d.spec().local_offset()[0], (c[1] * 2 + c[0]) * 2);
         }
         for (const Placements& dst : std::vector<Placements>{
@@ -223,9 +224,8 @@ TDC_DIST_TEST(DTensorTest, StridedShard) {
         const std::map<int64_t, std::vector<std::vector<int64_t>>> torch_rows = {
             {7, {{0, 1, 4, 5}, {2, 3, 6}}}, {3, {{0, 2}, {1}}}, {8, {{0, 1, 4, 5}, {2, 3, 6, 7}}}};
         DTensor s = make_dtensor(global, mesh, {StridedShard{0, 2}, Replicate{}});
-        EXPECT_TRUE(tdc::conformance::assert_close(
-            s.to_local(), global.index_select(0, at::tensor(torch_rows.at(rows)[m], at::kLong)),
-            tdc::conformance::Tolerance{kTol, kTol}));
+        EXPECT_TRUE(assert_close(s.to_local(), global.index_select(0, at::tensor(torch_rows.at(rows)[m], at::kLong)),
+                                 Tolerance{kTol, kTol}));
         DTensor two = make_dtensor(global_tensor({2, 3}), mesh, {StridedShard{0, 2}, Replicate{}});
         EXPECT_EQ(two.to_local().size(0), m == 0 ? 2 : 0);
       });
@@ -285,22 +285,18 @@ TDC_DIST_TEST(DTensorTest, ReplicateToPartialValues) {
   at::Tensor global = global_tensor({3, 2});
   DTensor d = distribute_tensor(global, mesh, {Replicate{}});
   // SUM: value / n everywhere, as PyTorch 2.13's Partial._partition_value; integers: rank 0 keeps it.
-  EXPECT_TRUE(tdc::conformance::assert_close(d.redistribute({Partial{ReduceOp::SUM}}).to_local(), global / 4.0,
-                                             tdc::conformance::Tolerance{kTol, kTol}));
+  EXPECT_TRUE(assert_close(d.redistribute({Partial{ReduceOp::SUM}}).to_local(), global / 4.0, Tolerance{kTol, kTol}));
   at::Tensor ints = at::arange(6, at::kLong).reshape({3, 2});
   DTensor di = distribute_tensor(ints, mesh, {Replicate{}}).redistribute({Partial{ReduceOp::SUM}});
-  EXPECT_TRUE(di.to_local().equal(r == 0 ? ints : at::zeros_like(ints)));
-  EXPECT_TRUE(di.full_tensor().equal(ints));
+  EXPECT_TRUE(assert_close(di.to_local(), r == 0 ? ints : at::zeros_like(ints), Tolerance{0, 0}));
+  EXPECT_TRUE(assert_close(di.full_tensor(), ints, Tolerance{0, 0}));
   for (ReduceOp op : {ReduceOp::AVG, ReduceOp::MAX, ReduceOp::MIN}) {
-    EXPECT_TRUE(tdc::conformance::assert_close(d.redistribute({Partial{op}}).to_local(), global,
-                                               tdc::conformance::Tolerance{kTol, kTol}));
+    EXPECT_TRUE(assert_close(d.redistribute({Partial{op}}).to_local(), global, Tolerance{kTol, kTol}));
   }
   // Partial(sum) -> Partial(avg) keeps the full value.
   DTensor p = make_dtensor(global, mesh, {Partial{ReduceOp::SUM}});
-  EXPECT_TRUE(tdc::conformance::assert_close(p.redistribute({Partial{ReduceOp::AVG}}).full_tensor(), global,
-                                             tdc::conformance::Tolerance{kTol, kTol}));
-  EXPECT_TRUE(tdc::conformance::assert_close(p.redistribute({Partial{ReduceOp::MAX}}).full_tensor(), global,
-                                             tdc::conformance::Tolerance{kTol, kTol}));
+  EXPECT_TRUE(assert_close(p.redistribute({Partial{ReduceOp::AVG}}).full_tensor(), global, Tolerance{kTol, kTol}));
+  EXPECT_TRUE(assert_close(p.redistribute({Partial{ReduceOp::MAX}}).full_tensor(), global, Tolerance{kTol, kTol}));
 }
 
 // Autograd: the local gradient of every source placement equals the single-process gradient
@@ -340,8 +336,7 @@ TDC_DIST_TEST(DTensorTest, AutogradThroughRedistribute) {
         for (auto& q : gp) {
           if (is_partial(q)) q = Replicate{};
         }
-        EXPECT_TRUE(tdc::conformance::assert_close(local.grad(), expected_local(truth, mesh, gp),
-                                                   tdc::conformance::Tolerance{kTol, kTol}));
+        EXPECT_TRUE(assert_close(local.grad(), expected_local(truth, mesh, gp), Tolerance{kTol, kTol}));
         EXPECT_EQ(d.grad()->placements(), gp);
       }
     }
@@ -356,10 +351,9 @@ TDC_DIST_TEST(DTensorTest, FullTensorBackwardGivesOnes) {
     at::Tensor local = expected_local(global, mesh, {Shard{0}}).requires_grad_(true);
     DTensor d = from_local(local, mesh, {Shard{0}}, {.shape = shape});
     at::Tensor full = d.full_tensor();
-    EXPECT_TRUE(tdc::conformance::assert_close(full, global, tdc::conformance::Tolerance{kTol, kTol}));
+    EXPECT_TRUE(assert_close(full, global, Tolerance{kTol, kTol}));
     full.sum().backward();
-    EXPECT_TRUE(
-        tdc::conformance::assert_close(local.grad(), at::ones_like(local), tdc::conformance::Tolerance{kTol, kTol}));
+    EXPECT_TRUE(assert_close(local.grad(), at::ones_like(local), Tolerance{kTol, kTol}));
   }
   // distribute_tensor is differentiable w.r.t. the replicated input: the shards' gradients are
   // gathered back.
@@ -367,7 +361,7 @@ TDC_DIST_TEST(DTensorTest, FullTensorBackwardGivesOnes) {
   at::Tensor w = global_tensor({7, 2}, 1.0);
   DTensor d = distribute_tensor(g, mesh, {Shard{0}});
   (d.to_local() * expected_local(w, mesh, {Shard{0}})).sum().backward();
-  EXPECT_TRUE(tdc::conformance::assert_close(g.grad(), w, tdc::conformance::Tolerance{kTol, kTol}));
+  EXPECT_TRUE(assert_close(g.grad(), w, Tolerance{kTol, kTol}));
 }
 
 TDC_DIST_TEST(DTensorTest, DistributeTensorBroadcastFromSrc) {
@@ -377,8 +371,7 @@ TDC_DIST_TEST(DTensorTest, DistributeTensorBroadcastFromSrc) {
   at::Tensor global = global_tensor({4, 4});
   at::Tensor mine = r == 3 ? global : at::full({4, 4}, static_cast<double>(r), at::kDouble);
   DTensor d = distribute_tensor(mine, mesh, {Shard{0}, Shard{1}}, /*broadcast_from_src=*/true, /*src_rank=*/3);
-  EXPECT_TRUE(tdc::conformance::assert_close(d.to_local(), expected_local(global, mesh, {Shard{0}, Shard{1}}),
-                                             tdc::conformance::Tolerance{kTol, kTol}));
+  EXPECT_TRUE(assert_close(d.to_local(), expected_local(global, mesh, {Shard{0}, Shard{1}}), Tolerance{kTol, kTol}));
 }
 
 TDC_DIST_TEST(DTensorTest, FromLocalRunCheck) {
@@ -389,8 +382,7 @@ TDC_DIST_TEST(DTensorTest, FromLocalRunCheck) {
   at::Tensor local = expected_local(global_tensor({5, 2}), mesh, {Shard{0}});
   DTensor ok = from_local(local, mesh, {Shard{0}}, {.run_check = true});
   EXPECT_EQ(ok.shape(), (std::vector<int64_t>{5, 2}));
-  EXPECT_TRUE(
-      tdc::conformance::assert_close(ok.full_tensor(), global_tensor({5, 2}), tdc::conformance::Tolerance{kTol, kTol}));
+  EXPECT_TRUE(assert_close(ok.full_tensor(), global_tensor({5, 2}), Tolerance{kTol, kTol}));
   // Without run_check the global shape assumes even shards (as PyTorch).
   EXPECT_EQ(from_local(at::zeros({2, 2}), mesh, {Shard{0}}).shape(), (std::vector<int64_t>{8, 2}));
   // Inconsistent: rank 1 holds 3 rows, the others 2.
@@ -467,9 +459,9 @@ TDC_DIST_TEST(DTensorTest, DocsExample) {
   DTensor leaf = from_local(local, mesh, {Shard{0}}, {.shape = std::vector<int64_t>{5, 3}});
   leaf.full_tensor().sum().backward();  // local.grad() is all ones
   // --- docs/dtensor.md example end ---
-  EXPECT_TRUE(w_cols.full_tensor().equal(weight));
-  EXPECT_TRUE(summed.equal(at::full({2, 2}, 6.0f)));
-  EXPECT_TRUE(local.grad().equal(at::ones_like(local)));
+  EXPECT_TRUE(assert_close(w_cols.full_tensor(), weight, Tolerance{0, 0}));
+  EXPECT_TRUE(assert_close(summed, at::full({2, 2}, 6.0f), Tolerance{0, 0}));
+  EXPECT_TRUE(assert_close(local.grad(), at::ones_like(local), Tolerance{0, 0}));
   EXPECT_EQ(leaf.grad()->placements(), (Placements{Shard{0}}));
 }
 

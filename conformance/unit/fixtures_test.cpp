@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tdc/conformance/checks.h"
 #include "tdc/comm/collectives.h"
 #include "tdc/conformance/pytorch_goldens.h"
 #include "tdc/conformance/support.h"
@@ -22,6 +23,9 @@
 #include "tdc/harness/harness.h"
 
 namespace {
+
+using tdc::conformance::assert_close;
+using tdc::conformance::Tolerance;
 
 using nlohmann::json;
 using namespace tdc;
@@ -91,7 +95,7 @@ void expect_matches_golden(nn::Module& m, const Tensors& inputs, const json& c, 
   expect_params_and_buffers(m, c);
   ASSERT_EQ(inputs.size(), c["inputs"].size());
   for (size_t i = 0; i < inputs.size(); ++i) {
-    EXPECT_TRUE(inputs[i].equal(from_golden(c["inputs"][i]))) << c["name"] << ": input " << i;
+    EXPECT_TRUE(assert_close(inputs[i], from_golden(c["inputs"][i]), Tolerance{0, 0})) << c["name"] << ": input " << i;
   }
   if (before_forward) before_forward();
   Tensors out = m(inputs);
@@ -246,7 +250,8 @@ TDC_DIST_TEST(FixturesTest, SameSeedGivesBitwiseEqualForwardAndBackward) {
       results.push_back(r);
     }
     ASSERT_EQ(results[0].size(), results[1].size());
-    for (size_t i = 0; i < results[0].size(); ++i) EXPECT_TRUE(results[0][i].equal(results[1][i])) << "item " << i;
+    for (size_t i = 0; i < results[0].size(); ++i)
+      EXPECT_TRUE(assert_close(results[0][i], results[1][i], Tolerance{0, 0})) << "item " << i;
   }
 }
 
@@ -270,7 +275,7 @@ TDC_DIST_TEST(FixturesTest, DeepCopyKeepsNamesValuesTiesAndForward) {
     ASSERT_EQ(a.size(), b.size());
     for (size_t i = 0; i < a.size(); ++i) {
       EXPECT_EQ(a[i].first, b[i].first);
-      EXPECT_TRUE(a[i].second.equal(b[i].second)) << a[i].first;
+      EXPECT_TRUE(assert_close(a[i].second, b[i].second, Tolerance{0, 0})) << a[i].first;
       EXPECT_NE(a[i].second.unsafeGetTensorImpl(), b[i].second.unsafeGetTensorImpl()) << a[i].first;
     }
     Tensors in;
@@ -279,7 +284,7 @@ TDC_DIST_TEST(FixturesTest, DeepCopyKeepsNamesValuesTiesAndForward) {
     } else {
       in = golden_inputs(golden(name));
     }
-    EXPECT_TRUE(m->operator()(in)[0].equal(c->operator()(in)[0]));
+    EXPECT_TRUE(assert_close(m->operator()(in)[0], c->operator()(in)[0], Tolerance{0, 0}));
   }
   // The tie survives the copy: the copy's output.weight is its own tok_embeddings.weight.
   nn::ModulePtr t = build_seeded("Transformer_eval")->deep_copy();
@@ -310,7 +315,7 @@ TDC_DIST_TEST(FixturesTest, WeightTyingIsOneTensorWithAccumulatedGrads) {
   untied->operator()(in)[0].sum().backward();
   at::Tensor both =
       untied->submodule("tok_embeddings").p("weight").grad() + untied->submodule("output").p("weight").grad();
-  EXPECT_TRUE(at::allclose(emb.grad(), both, 1e-5, 1e-6));
+  EXPECT_TRUE(assert_close(emb.grad(), both, Tolerance{1e-5, 1e-6}));
   EXPECT_FALSE(at::allclose(emb.grad(), untied->submodule("tok_embeddings").p("weight").grad(), 1e-5, 1e-6));
 
   auto group = conformance::world();
@@ -344,7 +349,7 @@ TDC_DIST_TEST(FixturesTest, CheckpointedTransformerMatchesPlain) {
     runs.push_back(r);
   }
   // The recompute replays the same ops with the same dropout masks: bitwise equal.
-  for (size_t i = 0; i < runs[0].size(); ++i) EXPECT_TRUE(runs[0][i].equal(runs[1][i])) << i;
+  for (size_t i = 0; i < runs[0].size(); ++i) EXPECT_TRUE(assert_close(runs[0][i], runs[1][i], Tolerance{0, 0})) << i;
 }
 
 // ---------------------------------------------------------------- FSDP1 models across ranks
@@ -362,12 +367,12 @@ TDC_DIST_TEST(FixturesTest, NestedWrappedModuleMatchesPyTorchWithPerRankInputs, 
   auto inputs = gather(in[0]);
   EXPECT_FALSE(inputs[0].equal(inputs[1])) << "get_input seeds 1 + rank: inputs differ per rank";
   auto params = gather(flat_params(*m));
-  EXPECT_TRUE(params[0].equal(params[1])) << "deterministic init is identical on every rank";
+  EXPECT_TRUE(assert_close(params[0], params[1], Tolerance{0, 0})) << "deterministic init is identical on every rank";
 
   // TransformerWithSharedParams: the same input everywhere.
   auto tw = TransformerWithSharedParams::init(group, FSDPInitMode::NO_FSDP, DEVICEInitMode::DEVICE_NEVER, {}, true);
   auto src = gather(test_model_of(*tw).get_input(c10::kCPU)[0].to(at::kFloat));
-  EXPECT_TRUE(src[0].equal(src[1]));
+  EXPECT_TRUE(assert_close(src[0], src[1], Tolerance{0, 0}));
 }
 
 TDC_DIST_TEST(FixturesTest, IdenticalInitAcrossRanks, .world_size = 2, .launcher = kOwnProcesses) {
@@ -376,11 +381,11 @@ TDC_DIST_TEST(FixturesTest, IdenticalInitAcrossRanks, .world_size = 2, .launcher
     SCOPED_TRACE(name);
     nn::ModulePtr m = build_seeded(name);
     auto all = gather(flat_params(*m));
-    EXPECT_TRUE(all[0].equal(all[1]));
+    EXPECT_TRUE(assert_close(all[0], all[1], Tolerance{0, 0}));
   }
   auto tw = TransformerWithSharedParams::init(group, FSDPInitMode::NO_FSDP, DEVICEInitMode::DEVICE_NEVER, {}, true);
   auto all = gather(flat_params(*tw));
-  EXPECT_TRUE(all[0].equal(all[1]));
+  EXPECT_TRUE(assert_close(all[0], all[1], Tolerance{0, 0}));
 }
 
 TDC_DIST_TEST(FixturesTest, MixtureOfExpertsMatchesPyTorchAndAveragesSharedGrads, .world_size = 2,
@@ -467,7 +472,7 @@ TDC_DIST_TEST(FixturesTest, WrapRequestsFollowCommonFsdp, .world_size = 2, .laun
     EXPECT_EQ(c.request.auto_wrap, AW::NONE);
   }
   auto plain = NestedWrappedModule::init(group, none, dev, {}, true);
-  EXPECT_TRUE(flat_params(*nwm).equal(flat_params(*plain)));
+  EXPECT_TRUE(assert_close(flat_params(*nwm), flat_params(*plain), Tolerance{0, 0}));
   EXPECT_EQ(nwm->named_params()[2].first, "module.1.module.0.module.weight");
 
   // AlwaysWrap: one root unit, default group, always-wrap policy.
@@ -498,7 +503,7 @@ TDC_DIST_TEST(FixturesTest, WrapRequestsFollowCommonFsdp, .world_size = 2, .laun
   EXPECT_EQ(calls[0].request.group->global_ranks(), std::vector<int>{group->rank()});
   EXPECT_EQ(calls[1].request.group, group);
   auto moe_plain = MixtureOfExperts::init(group, none, dev, {}, true);
-  EXPECT_TRUE(flat_params(*moe).equal(flat_params(*moe_plain)));
+  EXPECT_TRUE(assert_close(flat_params(*moe), flat_params(*moe_plain), Tolerance{0, 0}));
 }
 
 TDC_DIST_TEST(FixturesTest, ModuleWithDelaySleepsAfterLossAndDelegates) {
@@ -507,9 +512,9 @@ TDC_DIST_TEST(FixturesTest, ModuleWithDelaySleepsAfterLossAndDelegates) {
                                               /*delay_after_loss_ms=*/40);
   auto plain = NestedWrappedModule::init(group, FSDPInitMode::NO_FSDP, DEVICEInitMode::DEVICE_AFTER, {}, true);
   Tensors in = m->get_input(c10::kCPU);
-  EXPECT_TRUE(in[0].equal(test_model_of(*plain).get_input(c10::kCPU)[0]));
+  EXPECT_TRUE(assert_close(in[0], test_model_of(*plain).get_input(c10::kCPU)[0], Tolerance{0, 0}));
   Tensors out = m->operator()(in);
-  EXPECT_TRUE(out[0].equal(plain->operator()(in)[0]));
+  EXPECT_TRUE(assert_close(out[0], plain->operator()(in)[0], Tolerance{0, 0}));
   auto t0 = std::chrono::steady_clock::now();
   at::Tensor loss = m->get_loss(in, out);
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
@@ -532,7 +537,7 @@ TDC_DIST_TEST(FixturesTest, ModuleWithDelaySleepsBeforeEachReduceScatter) {
     for (int i = 0; i < 2; ++i) {
       at::Tensor in = at::ones({2 * group->size()}), out = at::empty({2});
       comm::reduce_scatter_tensor(out, in, comm::ReduceOp::SUM, group);
-      EXPECT_TRUE(out.equal(at::full({2}, static_cast<float>(group->size()))));
+      EXPECT_TRUE(assert_close(out, at::full({2}, static_cast<float>(group->size())), Tolerance{0, 0}));
     }
   };
   at::Tensor x = at::ones({3}).requires_grad_();

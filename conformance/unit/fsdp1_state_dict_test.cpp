@@ -23,6 +23,10 @@
 
 namespace {
 
+using tdc::conformance::assert_close;
+using tdc::conformance::Tolerance;
+using tdc::conformance::torch_allclose;
+
 using namespace tdc;
 using checkpoint::StateDict;
 using fsdp1::FSDPOptions;
@@ -63,7 +67,7 @@ void expect_full_values_equal(const StateDict& sharded, const StateDict& plain, 
                                 ? checkpoint::as_dtensor(sharded, key).full_tensor()
                                 : checkpoint::as_tensor(sharded, key);
     const at::Tensor& want = checkpoint::as_tensor(plain, key);
-    EXPECT_TRUE(at::allclose(full, want)) << what << " " << key << " max diff " << (full - want).abs().max();
+    EXPECT_TRUE(torch_allclose(full, want)) << what << " " << key << " max diff " << (full - want).abs().max();
   }
 }
 
@@ -137,7 +141,7 @@ TDC_DIST_TEST(FSDP1StateDict, OptimizerStateEqualsUnwrapped, .world_size = 4, .t
           const auto& v = osd.at(key);
           const at::Tensor got = std::holds_alternative<tensor::DTensor>(v) ? std::get<tensor::DTensor>(v).full_tensor()
                                                                             : std::get<at::Tensor>(v);
-          EXPECT_TRUE(at::allclose(got, checkpoint::as_tensor(ref_osd, key), 1e-5, 1e-6))
+          EXPECT_TRUE(assert_close(got, checkpoint::as_tensor(ref_osd, key), Tolerance{1e-5, 1e-6}))
               << key << " got " << got << " want " << checkpoint::as_tensor(ref_osd, key);
         }
         EXPECT_EQ(std::get<nlohmann::json>(osd.at("param_groups"))[0]["params"],

@@ -1,6 +1,7 @@
 // Unit tests of tdc::fsdp1 (FullyShardedDataParallel): training parity against a replicated
-// reference for every strategy × use_orig_params × prefetch, no_sync, summon_full_params, the
-// three state dict types, clip_grad_norm_, mixed precision, the test observers, and bad input.
+// reference for every strategy × use_orig_params × prefetch, gradient accumulation (with and
+// without no_sync), a forward after the step, summon_full_params, the three state dict types,
+// clip_grad_norm_, mixed precision, the test observers, and bad input.
 //
 // Reference: every rank holds an unwrapped deep copy of the model and feeds it its own input;
 // after backward the reference's gradients are summed over the ranks and divided by the world
@@ -23,6 +24,9 @@
 #include "tdc/nn/layers.h"
 
 namespace {
+
+using tdc::conformance::assert_close;
+using tdc::conformance::Tolerance;
 
 using namespace tdc;
 using fsdp1::FSDPOptions;
@@ -59,7 +63,7 @@ void expect_params_close(nn::Module& fsdp_model, nn::Module& ref, const std::str
   ASSERT_EQ(full.size(), refp.size()) << what;
   for (size_t i = 0; i < full.size(); ++i) {
     ASSERT_EQ(full[i].sizes(), refp[i].sizes()) << what << " param " << i;
-    EXPECT_TRUE(at::allclose(full[i], refp[i], 1.3e-6, 1e-5))
+    EXPECT_TRUE(assert_close(full[i], refp[i], Tolerance{1.3e-6, 1e-5}))
         << what << " param " << i << " max diff " << (full[i] - refp[i]).abs().max().item<float>();
   }
 }
@@ -77,7 +81,7 @@ void train_and_compare(nn::Module& model, nn::Module& ref, int steps, const std:
     at::Tensor ref_loss = ref(x).sum();
     ref_loss.backward();
     average_reference_grads(ref);
-    EXPECT_TRUE(at::allclose(loss, ref_loss, 1e-5, 1e-5)) << what << " step " << step;
+    EXPECT_TRUE(assert_close(loss, ref_loss, Tolerance{1e-5, 1e-5})) << what << " step " << step;
     opt.step();
     ref_opt.step();
     for (auto* u : FullyShardedDataParallel::fsdp_modules(model)) {
@@ -192,7 +196,7 @@ TDC_DIST_TEST(FSDP1Test, IgnoredModulesAndSyncModuleStates, .world_size = 2) {
   for (auto& p : full_params(*synced)) {
     at::Tensor rank0 = p.clone();
     comm::broadcast(rank0, 0);
-    EXPECT_TRUE(at::equal(p, rank0));
+    EXPECT_TRUE(assert_close(p, rank0, Tolerance{0, 0}));
   }
 }
 
@@ -220,7 +224,13 @@ TDC_DIST_TEST(FSDP1Test, ParametersAsTheOptimizerSeesThem, .world_size = 2) {
   EXPECT_EQ(fsdp->training_state(), fsdp1::TrainingState::IDLE);
 }
 
-TDC_DIST_TEST(FSDP1Test, NoSyncAccumulates, .world_size = 2) {
+// Two backwards before one optimizer step accumulate: the second's gradient adds to the first's,
+// for the flat parameter (use_orig_params=false) and for the original parameters' .grad views
+// (use_orig_params=true). `first_under_no_sync`: the first backward runs under no_sync() (its
+// unsharded gradient kept locally, reduced with the second); otherwise both are synchronised, as
+// gradient accumulation with communication (PyTorch's test_fsdp_grad_acc.py): a state that only
+// matters from the second backward on.
+void two_backwards_accumulate(bool first_under_no_sync) {
   conformance::world();
   for (bool orig : {false, true}) {
     for (auto s : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD}) {
@@ -230,18 +240,77 @@ TDC_DIST_TEST(FSDP1Test, NoSyncAccumulates, .world_size = 2) {
           model, {.sharding_strategy = s, .auto_wrap_policy = fsdp1::always_wrap_policy(), .use_orig_params = orig});
       torch::optim::SGD opt(fsdp->params(), torch::optim::SGDOptions(0.1));
       torch::optim::SGD ref_opt(ref->params(), torch::optim::SGDOptions(0.1));
-      {
+      auto backward = [&](int micro) { (*fsdp)(make_input(micro)).sum().backward(); };
+      if (first_under_no_sync) {
         auto no_sync = fsdp->no_sync();
-        (*fsdp)(make_input(0)).sum().backward();
+        backward(0);
+      } else {
+        backward(0);
       }
-      (*fsdp)(make_input(1)).sum().backward();
+      backward(1);
       (*ref)(make_input(0)).sum().backward();
       (*ref)(make_input(1)).sum().backward();
       average_reference_grads(*ref);
       opt.step();
       ref_opt.step();
-      expect_params_close(*fsdp, *ref, fmt::format("no_sync {} orig={}", fsdp1::to_string(s), orig));
+      expect_params_close(
+          *fsdp, *ref,
+          fmt::format("{} {} orig={}", first_under_no_sync ? "no_sync" : "two backwards", fsdp1::to_string(s), orig));
     }
+  }
+}
+
+TDC_DIST_TEST(FSDP1Test, NoSyncAccumulates, .world_size = 2) { two_backwards_accumulate(true); }
+TDC_DIST_TEST(FSDP1Test, GradientsAccumulateAcrossBackwards, .world_size = 2) { two_backwards_accumulate(false); }
+
+// A forward after an optimizer step computes with the stepped parameters, even when a unit stayed
+// unsharded since before the step: here an evaluation forward under no_grad between backward and
+// the step leaves the root (and SHARD_GRAD_OP / NO_SHARD units) unsharded, and the step changes
+// the shards in place. PyTorch re-gathers because its unsharded views are views of the flat
+// parameter; tdc must notice the in-place change (the flat parameter's version) and gather again.
+TDC_DIST_TEST(FSDP1Test, ForwardAfterStepSeesTheStep, .world_size = 2) {
+  conformance::world();
+  for (bool orig : {false, true}) {
+    for (auto s : {ShardingStrategy::FULL_SHARD, ShardingStrategy::SHARD_GRAD_OP, ShardingStrategy::NO_SHARD}) {
+      const std::string what = fmt::format("{} orig={}", fsdp1::to_string(s), orig);
+      auto model = make_mlp();
+      auto ref = reference_copy(*model);
+      auto fsdp = FullyShardedDataParallel::make(model, {.sharding_strategy = s, .use_orig_params = orig});
+      torch::optim::SGD opt(fsdp->params(), torch::optim::SGDOptions(0.1));
+      torch::optim::SGD ref_opt(ref->params(), torch::optim::SGDOptions(0.1));
+      (*fsdp)(make_input(0)).sum().backward();
+      (*ref)(make_input(0)).sum().backward();
+      average_reference_grads(*ref);
+      {
+        at::NoGradGuard no_grad;
+        EXPECT_TRUE(assert_close((*fsdp)(make_input(1)), (*ref)(make_input(1)), Tolerance{1.3e-6, 1e-5}))
+            << what << ": the evaluation forward";
+      }
+      opt.step();
+      ref_opt.step();
+      EXPECT_TRUE(assert_close((*fsdp)(make_input(2)), (*ref)(make_input(2)), Tolerance{1.3e-6, 1e-5}))
+          << what << ": the forward after the step";
+    }
+  }
+  // NO_SHARD frees nothing after backward, so its unsharded vector lives across the step; with
+  // mixed precision it is a bf16 copy of the parameter, which the step leaves stale unless the
+  // unshard notices the change.
+  for (bool orig : {false, true}) {
+    auto fsdp = FullyShardedDataParallel::make(make_mlp(),
+                                               {.sharding_strategy = ShardingStrategy::NO_SHARD,
+                                                .mixed_precision = fsdp1::MixedPrecision{.param_dtype = at::kBFloat16},
+                                                .use_orig_params = orig});
+    torch::optim::SGD opt(fsdp->params(), torch::optim::SGDOptions(0.1));
+    (*fsdp)(make_input(0)).sum().backward();
+    at::Tensor before, after;
+    {
+      at::NoGradGuard no_grad;
+      before = (*fsdp)(make_input(1));
+      opt.step();
+      after = (*fsdp)(make_input(1));
+    }
+    EXPECT_TRUE(conformance::assert_not_equal(after, before))
+        << "NO_SHARD bf16 orig=" << orig << ": the forward after the step used the parameters from before it";
   }
 }
 
@@ -297,7 +366,7 @@ TDC_DIST_TEST(FSDP1Test, SummonFullParamsWriteback, .world_size = 2) {
   ASSERT_EQ(ps.size(), rs.size());
   for (size_t i = 0; i < ps.size(); ++i) {
     ASSERT_TRUE(ps[i].grad().defined());
-    EXPECT_TRUE(at::allclose(ps[i].grad(), rs[i].grad(), 1e-5, 1e-6)) << i;
+    EXPECT_TRUE(assert_close(ps[i].grad(), rs[i].grad(), Tolerance{1e-5, 1e-6})) << i;
   }
 }
 
@@ -322,8 +391,8 @@ TDC_DIST_TEST(FSDP1Test, StateDictTypes, .world_size = 2) {
     }
     // torch.chunk of 7 rows over 2 ranks: 4 and 3.
     EXPECT_EQ(checkpoint::as_dtensor(sharded, "0.weight").to_local().size(0), ctx().rank == 0 ? 4 : 3);
-    EXPECT_TRUE(
-        at::equal(checkpoint::as_dtensor(sharded, "0.weight").full_tensor(), checkpoint::as_tensor(full, "0.weight")));
+    EXPECT_TRUE(assert_close(checkpoint::as_dtensor(sharded, "0.weight").full_tensor(),
+                             checkpoint::as_tensor(full, "0.weight"), Tolerance{0, 0}));
     EXPECT_EQ(local.keys(), (std::vector<std::string>{"0._flat_param", "1._flat_param", "2._flat_param"}));
     // Round trips: zero the model, load each kind, compare with the full dict.
     for (auto type :
@@ -340,7 +409,7 @@ TDC_DIST_TEST(FSDP1Test, StateDictTypes, .world_size = 2) {
       auto t2 = FullyShardedDataParallel::state_dict_type(*fsdp, StateDictType::FULL_STATE_DICT);
       auto back = fsdp->state_dict();
       for (const auto& k : full.keys()) {
-        EXPECT_TRUE(at::equal(checkpoint::as_tensor(back, k), checkpoint::as_tensor(full, k)))
+        EXPECT_TRUE(assert_close(checkpoint::as_tensor(back, k), checkpoint::as_tensor(full, k), Tolerance{0, 0}))
             << fsdp1::to_string(type) << " " << k;
       }
     }

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 
+#include "tdc/conformance/checks.h"
 #include "tdc/comm/collectives.h"
 #include "tdc/conformance/support.h"
 #include "tdc/device_mesh.h"
@@ -12,6 +13,9 @@
 #include "tdc/harness/subtests.h"
 
 namespace {
+
+using tdc::conformance::assert_close;
+using tdc::conformance::Tolerance;
 
 using ::testing::HasSubstr;
 
@@ -59,7 +63,7 @@ void check_mesh(const MeshCase& mc) {
   EXPECT_EQ(mesh.shape(), mc.shape);
   EXPECT_EQ(mesh.size(), 4);
   EXPECT_EQ(mesh.mesh_dim_names(), mc.names);
-  EXPECT_TRUE(mesh.mesh().equal(at::arange(4, at::kLong).view(mc.shape)));
+  EXPECT_TRUE(assert_close(mesh.mesh(), at::arange(4, at::kLong).view(mc.shape), Tolerance{0, 0}));
   EXPECT_EQ(mesh.get_rank(), r);
   EXPECT_EQ(mesh.get_coordinate(), coordinate_of(r, mc.shape));
   for (size_t d = 0; d < mc.shape.size(); ++d) {
@@ -84,7 +88,7 @@ void check_mesh(const MeshCase& mc) {
     EXPECT_EQ(sub.ndim(), 1);
     EXPECT_EQ(sub.get_group(), g);
     EXPECT_EQ(sub.get_local_rank(), mesh.get_local_rank(static_cast<int64_t>(d)));
-    EXPECT_TRUE(sub.mesh().equal(at::tensor(members, at::kLong)));
+    EXPECT_TRUE(assert_close(sub.mesh(), at::tensor(members, at::kLong), Tolerance{0, 0}));
   }
   // Flatten: one group of all ranks.
   tdc::DeviceMesh flat = mesh.flatten();
@@ -113,13 +117,14 @@ TDC_DIST_TEST(MeshTest, SlicingSeveralDimsAndFlattenOfASlice) {
   tdc::DeviceMesh dp_tp = mesh[{"dp", "tp"}];
   EXPECT_EQ(dp_tp.shape(), (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(dp_tp.mesh_dim_names(), (std::vector<std::string>{"dp", "tp"}));
-  EXPECT_TRUE(dp_tp.mesh().equal(at::tensor({r / 2 * 2, r / 2 * 2 + 1}, at::kLong).view({1, 2})));
+  EXPECT_TRUE(
+      assert_close(dp_tp.mesh(), at::tensor({r / 2 * 2, r / 2 * 2 + 1}, at::kLong).view({1, 2}), Tolerance{0, 0}));
   EXPECT_EQ(dp_tp.get_group("tp"), mesh.get_group("tp"));
   EXPECT_EQ(dp_tp.get_coordinate(), (std::vector<int64_t>{0, r % 2}));
   EXPECT_EQ(dp_tp.to_string(), r < 2 ? "DeviceMesh('cpu', [[0, 1]], mesh_dim_names=('dp', 'tp'))"
                                      : "DeviceMesh('cpu', [[2, 3]], mesh_dim_names=('dp', 'tp'))");
   tdc::DeviceMesh pp_tp = mesh[{"pp", "tp"}];
-  EXPECT_TRUE(pp_tp.mesh().equal(at::arange(4, at::kLong).view({2, 2})));
+  EXPECT_TRUE(assert_close(pp_tp.mesh(), at::arange(4, at::kLong).view({2, 2}), Tolerance{0, 0}));
   EXPECT_TRUE((pp_tp == mesh[{"pp", "tp"}]));
   EXPECT_FALSE(pp_tp == dp_tp);
   // Flattening a slice: a group over the slice's ranks only.

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <fstream>
 
+#include "tdc/conformance/checks.h"
 #include "tdc/conformance/pytorch_goldens.h"
 #include "tdc/harness/harness.h"
 #include "tdc/nn/checkpoint.h"
@@ -16,6 +17,10 @@
 #include "tdc/nn/module.h"
 
 namespace {
+
+using tdc::conformance::assert_close;
+using tdc::conformance::Tolerance;
+using tdc::conformance::torch_allclose;
 
 using ::testing::HasSubstr;
 using namespace tdc::nn;
@@ -98,7 +103,7 @@ TDC_DIST_TEST(NnModule, HooksRunInRegistrationOrderAndReplace) {
   });
   auto h3 = lin->register_forward_hook([&](Module&, const Tensors& in, const Tensors& out) -> std::optional<Tensors> {
     order.push_back("post1");
-    EXPECT_TRUE(in[0].equal(x * 2));  // post-hooks see the replaced inputs
+    EXPECT_TRUE(assert_close(in[0], x * 2, Tolerance{0, 0}));  // post-hooks see the replaced inputs
     return Tensors{out[0] + 1};
   });
   auto h4 = lin->register_forward_hook([&](Module&, const Tensors&, const Tensors& out) -> std::optional<Tensors> {
@@ -107,7 +112,7 @@ TDC_DIST_TEST(NnModule, HooksRunInRegistrationOrderAndReplace) {
   });
   at::Tensor y = (*lin)(x);
   EXPECT_EQ(order, (std::vector<std::string>{"pre1", "pre2", "post1", "post2"}));
-  EXPECT_TRUE(y.allclose(at::linear(x * 2, lin->p("weight"), lin->p("bias")) + 1));
+  EXPECT_TRUE(torch_allclose(y, at::linear(x * 2, lin->p("weight"), lin->p("bias")) + 1));
 
   EXPECT_TRUE(h2.active());
   h2.remove();
@@ -117,7 +122,7 @@ TDC_DIST_TEST(NnModule, HooksRunInRegistrationOrderAndReplace) {
   order.clear();
   y = (*lin)(x);
   EXPECT_EQ(order, (std::vector<std::string>{"pre1", "post2"}));
-  EXPECT_TRUE(y.allclose(at::linear(x, lin->p("weight"), lin->p("bias"))));
+  EXPECT_TRUE(torch_allclose(y, at::linear(x, lin->p("weight"), lin->p("bias"))));
 
   // forward() itself runs no hooks; a hook may remove itself while running.
   order.clear();
@@ -199,12 +204,12 @@ TDC_DIST_TEST(NnModule, SubstituteIsWhatForwardUsesAndGradientsFollowIt) {
   at::Tensor x = at::randn({5, 3});
   at::Tensor y = (*lin)(x);
   EXPECT_FALSE(lin->has_param_substitute("weight"));
-  EXPECT_TRUE(y.allclose(at::linear(x, weight, lin->p("bias"))));
+  EXPECT_TRUE(torch_allclose(y, at::linear(x, weight, lin->p("bias"))));
   y.sum().backward();
   EXPECT_FALSE(weight.grad().defined()) << "the registered leaf was not used";
   ASSERT_TRUE(shard.grad().defined());
   at::Tensor expect = at::ones({5, 2}).t().mm(x) * 2;  // d sum(x W^T) / dW, times 2 for the expansion
-  EXPECT_TRUE(shard.grad().allclose(expect));
+  EXPECT_TRUE(torch_allclose(shard.grad(), expect));
   EXPECT_TRUE(lin->p("bias").grad().defined());
   // The registered parameter is still the leaf the optimizer sees.
   auto params = lin->named_params();
@@ -353,12 +358,12 @@ TDC_DIST_TEST(NnModule, DeepCopyCopiesValuesTiesModesAndNoRng) {
   auto copy = root->deep_copy();
   at::Tensor after_copy = at::rand({3});
   at::manual_seed(5);
-  EXPECT_TRUE(at::rand({3}).equal(after_copy)) << "deep_copy consumed RNG";
+  EXPECT_TRUE(assert_close(at::rand({3}), after_copy, Tolerance{0, 0})) << "deep_copy consumed RNG";
 
   auto a = root->named_params(), b = copy->named_params();
   ASSERT_EQ(names_of(a), names_of(b));
   for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_TRUE(a[i].second.equal(b[i].second)) << a[i].first;
+    EXPECT_TRUE(assert_close(a[i].second, b[i].second, Tolerance{0, 0})) << a[i].first;
     EXPECT_FALSE(a[i].second.is_same(b[i].second)) << a[i].first;
     EXPECT_EQ(a[i].second.requires_grad(), b[i].second.requires_grad()) << a[i].first;
     EXPECT_TRUE(b[i].second.is_leaf()) << a[i].first;
@@ -366,7 +371,8 @@ TDC_DIST_TEST(NnModule, DeepCopyCopiesValuesTiesModesAndNoRng) {
   EXPECT_FALSE(copy->submodule("0").p("scale").requires_grad());
   auto ab = root->named_bufs(), bb = copy->named_bufs();
   ASSERT_EQ(names_of(ab), names_of(bb));
-  for (size_t i = 0; i < ab.size(); ++i) EXPECT_TRUE(ab[i].second.equal(bb[i].second)) << ab[i].first;
+  for (size_t i = 0; i < ab.size(); ++i)
+    EXPECT_TRUE(assert_close(ab[i].second, bb[i].second, Tolerance{0, 0})) << ab[i].first;
   // shared module stays shared
   EXPECT_EQ(&copy->submodule("1"), &copy->submodule("4"));
   EXPECT_NE(&copy->submodule("1"), &root->submodule("1"));
@@ -384,7 +390,7 @@ TDC_DIST_TEST(NnModule, DeepCopyCopiesValuesTiesModesAndNoRng) {
   at::Tensor y0 = (*root)(x);
   at::Tensor y1 = (*copy)(x);
   EXPECT_EQ(hook_runs, 1);
-  EXPECT_TRUE(y0.allclose(y1));
+  EXPECT_TRUE(torch_allclose(y0, y1));
   // independent values
   {
     at::NoGradGuard g;
@@ -549,7 +555,7 @@ TDC_DIST_TEST(NnLayers, DropoutContainersAndBadInput) {
   EXPECT_LT(zeros, 650);
   EXPECT_TRUE((y.masked_select(y != 0) == 2).all().item<bool>());
   d.eval();
-  EXPECT_TRUE(d(x).equal(x));
+  EXPECT_TRUE(assert_close(d(x), x, Tolerance{0, 0}));
   EXPECT_THAT(error_of([] { Dropout(1.5); }), HasSubstr("1.5"));
 
   ModuleList list(std::vector<ModulePtr>{std::make_shared<ReLU>(), std::make_shared<Tanh>()});
@@ -559,7 +565,7 @@ TDC_DIST_TEST(NnLayers, DropoutContainersAndBadInput) {
   EXPECT_THAT(error_of([&] { list[2]; }), HasSubstr("index 2 out of range (size 2)"));
   Sequential seq;
   seq.push_back(std::make_shared<Identity>());
-  EXPECT_TRUE(seq(x).equal(x));
+  EXPECT_TRUE(assert_close(seq(x), x, Tolerance{0, 0}));
   EXPECT_THAT(error_of([] { MultiheadAttention(6, 4); }), HasSubstr("embed_dim 6 must be divisible by num_heads 4"));
   MultiheadAttention mha(4, 2);
   EXPECT_THAT(error_of([&] { mha(at::ones({2, 1, 4})); }), HasSubstr("expects {query, key, value[, attn_mask]}"));
@@ -573,7 +579,7 @@ void expect_same_grads(Module& a, Module& b) {
   for (size_t i = 0; i < pa.size(); ++i) {
     ASSERT_TRUE(pa[i].second.grad().defined()) << pa[i].first;
     ASSERT_TRUE(pb[i].second.grad().defined()) << pb[i].first << " has no grad with checkpointing";
-    EXPECT_TRUE(pa[i].second.grad().allclose(pb[i].second.grad(), 1e-5, 1e-6)) << pa[i].first;
+    EXPECT_TRUE(assert_close(pa[i].second.grad(), pb[i].second.grad(), Tolerance{1e-5, 1e-6})) << pa[i].first;
   }
 }
 
@@ -593,7 +599,7 @@ TDC_DIST_TEST(NnCheckpoint, GradientsEqualTheNonCheckpointedRunWithDropout) {
   at::Tensor y1 = (*ck)(x);
   EXPECT_TRUE(y1.requires_grad());
   (y1 * y1).sum().backward();
-  EXPECT_TRUE(y0.equal(y1));
+  EXPECT_TRUE(assert_close(y0, y1, Tolerance{0, 0}));
   expect_same_grads(*ref, *ck);
 
   // with an input that requires grad, the input gradient too; and in a bigger graph
@@ -605,7 +611,7 @@ TDC_DIST_TEST(NnCheckpoint, GradientsEqualTheNonCheckpointedRunWithDropout) {
   at::manual_seed(9);
   ((*ck)(xb * 3).pow(3)).sum().backward();
   ASSERT_TRUE(xb.grad().defined());
-  EXPECT_TRUE(xa.grad().allclose(xb.grad(), 1e-5, 1e-6));
+  EXPECT_TRUE(assert_close(xa.grad(), xb.grad(), Tolerance{1e-5, 1e-6}));
   expect_same_grads(*ref, *ck);
 }
 
@@ -621,8 +627,8 @@ TDC_DIST_TEST(NnCheckpoint, TransformerLayerWithDropoutAndSelfAttention) {
   at::manual_seed(3);
   at::Tensor y1 = (*ck)(xb);
   y1.sum().backward();
-  EXPECT_TRUE(y0.allclose(y1));
-  EXPECT_TRUE(xa.grad().allclose(xb.grad(), 1e-5, 1e-6));
+  EXPECT_TRUE(torch_allclose(y0, y1));
+  EXPECT_TRUE(assert_close(xa.grad(), xb.grad(), Tolerance{1e-5, 1e-6}));
   expect_same_grads(*ref, *ck);
 }
 
@@ -675,7 +681,7 @@ TDC_DIST_TEST(NnCheckpoint, SubstitutesInstalledByHooksGetGradientsInRecompute) 
   at::Tensor x = at::randn({5, 4});
   (*lin)(x).sum().backward();
   ASSERT_TRUE(shard.grad().defined());
-  EXPECT_TRUE(shard.grad().allclose(at::ones({5, 3}).t().mm(x)));
+  EXPECT_TRUE(torch_allclose(shard.grad(), at::ones({5, 3}).t().mm(x)));
 }
 
 }  // namespace

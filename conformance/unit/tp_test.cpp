@@ -25,6 +25,9 @@
 
 namespace {
 
+using tdc::conformance::assert_close;
+using tdc::conformance::Tolerance;
+
 using namespace tdc;
 using harness::ctx;
 using tensor::Partial;
@@ -52,10 +55,10 @@ void expect_model_matches(nn::Module& tp_model, nn::Module& ref, const std::stri
       at::Tensor g = got[i].full_grad(), rg = want[i].second.grad();
       ASSERT_EQ(g.defined(), rg.defined()) << what << " gradient of '" << got[i].fqn << "'";
       if (g.defined()) {
-        EXPECT_TRUE(conformance::assert_close(g, rg, {.tol = tol})) << what + " gradient of '" + got[i].fqn + "'";
+        EXPECT_TRUE(assert_close(g, rg, {.tol = tol})) << what + " gradient of '" + got[i].fqn + "'";
       }
     } else {
-      EXPECT_TRUE(conformance::assert_close(got[i].full(), want[i].second, {.tol = tol}))
+      EXPECT_TRUE(assert_close(got[i].full(), want[i].second, {.tol = tol}))
           << what + " parameter '" + got[i].fqn + "'";
     }
   }
@@ -86,15 +89,15 @@ void colwise_rowwise_pair(int64_t dim, bool bias) {
     EXPECT_EQ(tensor::param_dtensor(*model, "in_proj.bias")->placements(), Placements{Shard{0}});
     EXPECT_EQ(tensor::param_dtensor(*model, "out_proj.bias")->placements(), Placements{Replicate{}});
   }
-  expect_model_matches(*model, *ref, "after parallelize_module:", false, conformance::Tolerance{0, 0});
+  expect_model_matches(*model, *ref, "after parallelize_module:", false, Tolerance{0, 0});
 
   at::Tensor x = at::randn({4, dim}, gen(7)).requires_grad_(true);
   at::Tensor xr = x.detach().clone().requires_grad_(true);
   at::Tensor y = (*model)(x), yr = (*ref)(xr);
-  EXPECT_TRUE(conformance::assert_close(y, yr)) << "output";
+  EXPECT_TRUE(assert_close(y, yr)) << "output";
   (y * y).sum().backward();
   (yr * yr).sum().backward();
-  EXPECT_TRUE(conformance::assert_close(x.grad(), xr.grad())) << "input gradient";
+  EXPECT_TRUE(assert_close(x.grad(), xr.grad())) << "input gradient";
   expect_model_matches(*model, *ref, "", true);
 }
 
@@ -122,10 +125,10 @@ TDC_DIST_TEST(TpTest, ShardedActivationLayouts, .world_size = 2) {
   at::Tensor x = at::randn({4, 6}, gen(3)).requires_grad_(true);
   at::Tensor xr = x.detach().clone().requires_grad_(true);
   at::Tensor y = (*model)(x), yr = (*ref)(xr);
-  EXPECT_TRUE(conformance::assert_close(y, yr)) << "output (Replicate)";
+  EXPECT_TRUE(assert_close(y, yr)) << "output (Replicate)";
   (y * y).sum().backward();
   (yr * yr).sum().backward();
-  EXPECT_TRUE(conformance::assert_close(x.grad(), xr.grad())) << "input gradient";
+  EXPECT_TRUE(assert_close(x.grad(), xr.grad())) << "input gradient";
   expect_model_matches(*model, *ref, "", true);
 }
 
@@ -144,10 +147,10 @@ TDC_DIST_TEST(TpTest, PrepareModuleInputOutput, .world_size = 2) {
   at::Tensor x_local = x.chunk(2, 0)[mesh.get_local_rank()].clone().requires_grad_(true);
   at::Tensor xr = x.clone().requires_grad_(true);
   at::Tensor y = (*model)(x_local), yr = (*ref)(xr);
-  EXPECT_TRUE(conformance::assert_close(y, yr)) << "output";
+  EXPECT_TRUE(assert_close(y, yr)) << "output";
   y.pow(2).sum().backward();
   yr.pow(2).sum().backward();
-  EXPECT_TRUE(conformance::assert_close(x_local.grad(), xr.grad().chunk(2, 0)[mesh.get_local_rank()]))
+  EXPECT_TRUE(assert_close(x_local.grad(), xr.grad().chunk(2, 0)[mesh.get_local_rank()]))
       << "input gradient (this rank's rows)";
   expect_model_matches(*model, *ref, "", true);
 }
@@ -171,10 +174,10 @@ void embedding_case(const std::string& style, const std::string& out_layout) {
   at::Tensor ids = at::randint(7, {3, 4}, gen(11));
   at::Tensor y = (*model)(ids), yr = (*ref)(ids);
   if (out_layout == "replicate") {
-    EXPECT_TRUE(conformance::assert_close(y, yr)) << "output";
+    EXPECT_TRUE(assert_close(y, yr)) << "output";
   } else {
     const int64_t n = mesh.size(), me = mesh.get_local_rank();
-    EXPECT_TRUE(conformance::assert_close(y, yr.chunk(n, 1)[me])) << "output (Shard(1), this rank's piece)";
+    EXPECT_TRUE(assert_close(y, yr.chunk(n, 1)[me])) << "output (Shard(1), this rank's piece)";
     yr = yr.chunk(n, 1)[me];  // the loss below sums the local pieces: one term per rank
   }
   at::Tensor w = at::randn(y.sizes(), gen(13));
@@ -186,8 +189,7 @@ void embedding_case(const std::string& style, const std::string& out_layout) {
     // Each rank's reference gradient covers its own sequence piece; their sum is the full one.
     at::Tensor g = ref->named_params()[0].second.grad().clone();
     comm::all_reduce(g, comm::ReduceOp::SUM, mesh.get_group());
-    EXPECT_TRUE(conformance::assert_close(tensor::named_params_with_specs(*model)[0].full_grad(), g))
-        << "weight gradient";
+    EXPECT_TRUE(assert_close(tensor::named_params_with_specs(*model)[0].full_grad(), g)) << "weight gradient";
   }
 }
 
@@ -227,7 +229,7 @@ void mlp_stack_counts(int64_t mlp_dim) {
           << "forward of iteration " << it;
     }
     at::Tensor ref_loss = (*ref)(x).sum();
-    EXPECT_TRUE(conformance::assert_close(loss, ref_loss)) << "loss at iteration " + std::to_string(it);
+    EXPECT_TRUE(assert_close(loss, ref_loss)) << "loss at iteration " + std::to_string(it);
     {
       comm::CommDebugMode mode;
       loss.backward();
@@ -267,7 +269,7 @@ void transformer_parity(int64_t n_layers, bool seq_parallel) {
   EXPECT_EQ(tied->placements(), Placements{Shard{0}});
   EXPECT_TRUE(model->child("output").find_param("weight")->is_same(tied->to_local()));
   EXPECT_EQ(model->named_params().size(), ref->named_params().size());
-  expect_model_matches(*model, *ref, "after parallelize:", false, conformance::Tolerance{0, 0});
+  expect_model_matches(*model, *ref, "after parallelize:", false, Tolerance{0, 0});
 
   torch::optim::AdamW opt(model->params(), torch::optim::AdamWOptions(1e-2));
   torch::optim::AdamW ref_opt(ref->params(), torch::optim::AdamWOptions(1e-2));
@@ -275,12 +277,12 @@ void transformer_parity(int64_t n_layers, bool seq_parallel) {
   for (int it = 0; it < 5; ++it) {
     at::Tensor loss = (*model)(tokens).sum();
     at::Tensor ref_loss = (*ref)(tokens).sum();
-    EXPECT_TRUE(conformance::assert_close(loss, ref_loss)) << "loss at step " + std::to_string(it);
+    EXPECT_TRUE(assert_close(loss, ref_loss)) << "loss at step " + std::to_string(it);
     loss.backward();
     ref_loss.backward();
     // Gradients: rtol 1e-5 (the sum-of-logits loss makes gradients of magnitude ~10 whose
     // float32 rounding differs with the reduction order: 1.6e-5 seen at TP=4).
-    expect_model_matches(*model, *ref, "step " + std::to_string(it), true, conformance::Tolerance{1e-5, 1e-5});
+    expect_model_matches(*model, *ref, "step " + std::to_string(it), true, Tolerance{1e-5, 1e-5});
     opt.step();
     ref_opt.step();
     opt.zero_grad();
@@ -324,7 +326,8 @@ TDC_DIST_TEST(TpTest, BadPlansLeaveTheModuleUntouched, .world_size = 2) {
     auto a = model->named_params(), b = before->named_params();
     ASSERT_EQ(a.size(), b.size());
     for (size_t i = 0; i < a.size(); ++i) {
-      EXPECT_TRUE(a[i].second.equal(b[i].second)) << what << ": '" << a[i].first << "' changed";
+      EXPECT_TRUE(assert_close(a[i].second, b[i].second, Tolerance{0, 0}))
+          << what << ": '" << a[i].first << "' changed";
       auto [owner, name] = model->owner_of(a[i].first);
       EXPECT_EQ(tensor::param_spec(*owner, name), nullptr) << what << ": '" << a[i].first << "' got a spec";
     }
@@ -434,9 +437,9 @@ TDC_DIST_TEST(TpTest, DocsExample, .world_size = 2) {
   EXPECT_EQ(w->shape(), (std::vector<int64_t>{32, 8}));
   EXPECT_EQ(w->to_local().sizes(), (c10::IntArrayRef{16, 8}));
   at::Tensor ref_loss = (*reference)(x).pow(2).mean();
-  EXPECT_TRUE(conformance::assert_close(loss, ref_loss)) << "loss";
+  EXPECT_TRUE(assert_close(loss, ref_loss)) << "loss";
   ref_loss.backward();
-  EXPECT_TRUE(conformance::assert_close(full_grad, reference->named_params()[0].second.grad())) << "0.weight gradient";
+  EXPECT_TRUE(assert_close(full_grad, reference->named_params()[0].second.grad())) << "0.weight gradient";
 }
 
 }  // namespace

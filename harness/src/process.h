@@ -58,8 +58,8 @@ class Supervisor {
   std::vector<RankState> ranks_;
   std::vector<int> aborted_ranks_;
   std::vector<Failure> failures_in_order_;
-  Reports reports_;  // [Note: rank reports]: the union over ranks  // every rank's failures, as they arrived
-  int first_bad_rank_ = -1;                 // the rank whose failure, skip or crash came first
+  Reports reports_;          // [Note: rank reports]: the union over ranks  // every rank's failures, as they arrived
+  int first_bad_rank_ = -1;  // the rank whose failure, skip or crash came first
 };
 
 // A fresh private temp dir for one test ($TMPDIR or /tmp); removed by remove_temp_dir.

@@ -230,8 +230,8 @@ Reports reports_from_json(const json& j, const std::string& where) {
         throw std::runtime_error(fmt::format("{}.{}.{}: expected an array of strings", where, name, key));
       for (const auto& v : values) {
         if (!v.is_string())
-          throw std::runtime_error(fmt::format("{}.{}.{}: expected an array of strings, found {}", where, name, key,
-                                               v.dump()));
+          throw std::runtime_error(
+              fmt::format("{}.{}.{}: expected an array of strings, found {}", where, name, key, v.dump()));
         out[name][key].insert(v.get<std::string>());
       }
     }
