@@ -1,14 +1,15 @@
 // Conformance: PyTorch's test/distributed/_composable/fsdp/test_fully_shard_extensions.py. Same
 // class and method names, same assertions.
 //
-// C++ has no tensor subclasses, so the Python hooks map to C++ as follows:
+// How the Python tensor subclasses map to C++:
+//  * TwoTensor is tdc::conformance::two_tensor (conformance/support/two_tensor.h): a real
+//    two-part wrapper tensor whose every op runs on both parts ([Note: TwoTensor's dispatch]).
+//    FSDP2 shards it (the sharded parameter is a TwoTensor), all-gathers its parts through the
+//    hooks, trains it; its gradient reduces as in PyTorch (plain, from the parts' copy-in);
 //  * the all-gather extension is registered per parameter (fsdp::set_all_gather_extension)
-//    instead of living on a tensor subclass or an instance attribute;
-//  * TwoTensor is re-created as a "two-buffer parameter" test double: every weight `a` has a
-//    shadow `b` (same shape, kept by the double, keyed by storage), the extension gathers both,
-//    checks `b` arrived equal to `a` where they must be equal, and checks storage aliasing with
-//    data pointers as the original does; the test applies every optimizer update to both;
-//  * BFloat16AllGatherTensor is re-created as an extension with the same pre/post hooks.
+//    instead of living as methods on the subclass or as attributes of an instance;
+//  * BFloat16AllGatherTensor is re-created as an extension with the same pre/post hooks on a
+//    plain parameter (its wrapper only forwards every op to its data).
 // Launchers: the MultiProcess class runs fork-launched ranks (ws 2); the MultiThread class runs
 // its 8 ranks as threads (the harness's thread launcher), as FSDPTestMultiThread does.
 #include <functional>
@@ -25,6 +26,7 @@
 #include "tdc/comm/collectives.h"
 #include "tdc/conformance/checks.h"
 #include "tdc/conformance/support.h"
+#include "tdc/conformance/two_tensor.h"
 #include "tdc/device_mesh.h"
 #include "tdc/fixtures/models.h"
 #include "tdc/fsdp/all_gather_extension.h"
@@ -49,26 +51,19 @@ void copy_quietly(const at::Tensor& dst, const at::Tensor& src) {
   dst.copy_(src);
 }
 
-const c10::StorageImpl* storage_of(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
 
-// ------------------------------------------------------------------ the two-buffer double (TwoTensor)
+// ------------------------------------------------------------------ TwoTensor's all-gather hooks
 
-// Shadows, per rank (thread-local: the MultiThread class runs ranks as threads), keyed by the
-// storage of `a` (stable across FSDP's free / re-allocate and shared by detach()).
-struct TwoBuffers {
-  std::unordered_map<const c10::StorageImpl*, at::Tensor> b_of;
-  bool expect_equal = true;  // b must equal a (false after a random init that draws separately)
+// What the hooks saw, per rank (thread-local: the MultiThread class runs ranks as threads).
+struct HookCounts {
   int post_calls_without_out = 0, post_calls_with_out = 0, aliased_checks = 0, cast_copies = 0;
-  at::Tensor& b(const at::Tensor& a, const std::string& who) {
-    auto it = b_of.find(storage_of(a));
-    if (it == b_of.end()) throw std::runtime_error(who + ": tensor is not a two-buffer tensor");
-    return it->second;
-  }
 };
-thread_local TwoBuffers two;
+thread_local HookCounts hooks;
 
+// fsdp_pre_all_gather (v1 and v2): the local shard's inner tensors (a, b), metadata None.
 fsdp::PreAllGatherResult two_tensor_pre(const at::Tensor& local) {
-  return {{local, two.b(local, "pre_all_gather")}, nullptr};
+  conformance::TwoParts p = conformance::two_parts(local, "fsdp_pre_all_gather");
+  return {{p.a, p.b}, nullptr};
 }
 
 fsdp::AllGatherExtension two_tensor_extension(int version) {
@@ -80,50 +75,53 @@ fsdp::AllGatherExtension two_tensor_extension(int version) {
                             const std::vector<int64_t>&, nn::Module&,
                             const fsdp::MixedPrecisionPolicy&) { return two_tensor_pre(local); };
   }
+  // fsdp_post_all_gather: with `out`, FSDP gathered into out's own buffers when the dtype is the
+  // parameter's (checked by data pointer, as the original), else out.a / out.b are refilled by
+  // copy; without, TwoTensor(a, b) cast to param_dtype, and (a, b) for FSDP to free.
   ext.post_all_gather = [](const std::vector<at::Tensor>& outputs, const std::shared_ptr<void>& metadata,
                            at::ScalarType param_dtype, at::Tensor* out) -> fsdp::PostAllGatherResult {
-    if (outputs.size() != 2) throw std::runtime_error("post_all_gather: expected (a, b)");
-    if (metadata) throw std::runtime_error("post_all_gather: metadata must be None");
+    if (outputs.size() != 2) throw std::runtime_error("fsdp_post_all_gather: expected (a, b)");
+    if (metadata) throw std::runtime_error("fsdp_post_all_gather: metadata must be None");
     const at::Tensor& a = outputs[0];
     const at::Tensor& b = outputs[1];
-    if (two.expect_equal && !at::equal(a, b)) throw std::runtime_error("post_all_gather: gathered b differs from a");
     if (out) {
-      ++two.post_calls_with_out;
-      at::Tensor& out_b = two.b(*out, "post_all_gather(out)");  // out must be a two-buffer tensor
+      ++hooks.post_calls_with_out;
+      conformance::TwoParts o = conformance::two_parts(*out, "fsdp_post_all_gather(out)");
       if (a.scalar_type() == param_dtype) {
-        // FSDP gathered straight into the buffers it returned the first time.
-        if (a.storage().data_ptr().get() != out->storage().data_ptr().get() ||
-            b.storage().data_ptr().get() != out_b.storage().data_ptr().get()) {
-          throw std::runtime_error("post_all_gather: the outputs do not alias out's buffers");
+        if (a.storage().data_ptr().get() != o.a.storage().data_ptr().get() ||
+            b.storage().data_ptr().get() != o.b.storage().data_ptr().get()) {
+          throw std::runtime_error("fsdp_post_all_gather: the outputs do not alias out.a / out.b");
         }
-        ++two.aliased_checks;
+        ++hooks.aliased_checks;
       } else {
-        // assert out.a.dtype == param_dtype and out.b.dtype == param_dtype, as the original.
-        if (out->scalar_type() != param_dtype || out_b.scalar_type() != param_dtype) {
-          throw std::runtime_error(fmt::format("post_all_gather(out): out.a is {} and out.b is {}, param_dtype {}",
-                                               c10::toString(out->scalar_type()), c10::toString(out_b.scalar_type()),
+        if (o.a.scalar_type() != param_dtype || o.b.scalar_type() != param_dtype) {
+          throw std::runtime_error(fmt::format("fsdp_post_all_gather(out): out.a is {} and out.b is {}, param_dtype {}",
+                                               c10::toString(o.a.scalar_type()), c10::toString(o.b.scalar_type()),
                                                c10::toString(param_dtype)));
         }
-        ++two.cast_copies;
-        copy_quietly(*out, a);
-        copy_quietly(out_b, b);
+        ++hooks.cast_copies;
+        copy_quietly(o.a, a);
+        copy_quietly(o.b, b);
       }
       return {};
     }
-    ++two.post_calls_without_out;
-    at::Tensor ua = a.to(param_dtype), ub = b.to(param_dtype);
-    two.b_of[storage_of(ua)] = ub;
-    return {ua, {a, b}};
+    ++hooks.post_calls_without_out;
+    return {conformance::two_tensor(a, b).to(param_dtype), {a, b}};
   };
   return ext;
 }
 
-// _init_two_tensor_mlp(): Sequential of 3 x MLP(8, bias=False); every in_proj/out_proj weight a
-// two-buffer parameter (b = a.clone()).
+// _init_two_tensor_mlp(): Sequential of 3 x MLP(8, bias=False); every in_proj/out_proj weight
+// replaced by a parameter wrapping TwoTensor(w, w.clone()).
 std::shared_ptr<nn::Sequential> init_two_tensor_mlp() {
   std::vector<nn::ModulePtr> mlps;
   for (int i = 0; i < 3; ++i) mlps.push_back(std::make_shared<fixtures::MLP>(8, /*bias=*/false));
-  return std::make_shared<nn::Sequential>(mlps);
+  auto model = std::make_shared<nn::Sequential>(mlps);
+  for (auto& [fqn, w] : model->named_params()) {
+    auto [owner, name] = model->owner_of(fqn);
+    owner->replace_param(name, conformance::two_tensor(w.detach(), w.detach().clone()).requires_grad_(w.requires_grad()));
+  }
+  return model;
 }
 std::vector<std::string> weight_fqns(nn::Module& model) {
   std::vector<std::string> out;
@@ -132,29 +130,14 @@ std::vector<std::string> weight_fqns(nn::Module& model) {
   }
   return out;
 }
-// After fully_shard (and to_empty): each weight shard's shadow is its chunk of the full b, and the
-// extension is registered.
-void make_two_tensor_shards(nn::Module& model, const std::map<std::string, at::Tensor>& full_b, int version) {
+// _patch_two_tensor_fsdp_all_gather(version): the hooks on every TwoTensor parameter (C++ has no
+// class attributes to set; the extension is registered per parameter).
+void patch_two_tensor_fsdp_all_gather(nn::Module& model, int version) {
   for (const auto& fqn : weight_fqns(model)) {
-    auto d = tensor::param_dtensor(model, fqn);
-    if (!d) throw std::runtime_error(fqn + " is not sharded");
-    at::Tensor b;
-    auto it = full_b.find(fqn);
-    if (it != full_b.end()) {
-      b = tensor::distribute_tensor(it->second, d->device_mesh(), d->placements()).to_local().clone();
-    } else {
-      b = d->to_local().detach().clone();
+    if (!conformance::is_two_tensor(tensor::param_dtensor(model, fqn)->to_local())) {
+      throw std::runtime_error(fqn + ": the sharded parameter is not a TwoTensor");
     }
-    two.b_of[storage_of(d->to_local())] = b;
     fsdp::set_all_gather_extension(model, fqn, two_tensor_extension(version));
-  }
-}
-// "Every update applies to both": the shadows follow the shards after an optimizer step.
-void sync_shadows(nn::Module& model) {
-  at::NoGradGuard no_grad;
-  for (const auto& fqn : weight_fqns(model)) {
-    at::Tensor a = tensor::param_dtensor(model, fqn)->to_local();
-    two.b(a, "sync").copy_(a);
   }
 }
 
@@ -176,18 +159,14 @@ void trunc_normal_init(nn::Module& model) {
 
 // _test_all_gather_extensions_train_parity under _patch_two_tensor_fsdp_all_gather(version).
 void _test_all_gather_extensions_train_parity(int version, bool reshard_after_forward) {
-  two = TwoBuffers{};
+  hooks = HookCounts{};
   at::manual_seed(42);
   auto model = init_two_tensor_mlp();
   conformance::sync_from_rank0(*model);
   nn::ModulePtr ref_model = model->deep_copy();
   torch::optim::Adam ref_optim(ref_model->params(), torch::optim::AdamOptions(1e-2));
-  std::map<std::string, at::Tensor> full_b;  // b = w.clone() for every weight
-  for (auto& [fqn, p] : model->named_params()) {
-    if (fqn.find("weight") != std::string::npos) full_b[fqn] = p.detach().clone();
-  }
   fully_shard_stack(*model, {.reshard_after_forward = reshard_after_forward});
-  make_two_tensor_shards(*model, full_b, version);
+  patch_two_tensor_fsdp_all_gather(*model, version);
   torch::optim::Adam optim(model->params(), torch::optim::AdamOptions(1e-2));
   EXPECT_TRUE(conformance::sharded_parity(*ref_model, *model)) << "v" + std::to_string(version) + " after fully_shard:";
 
@@ -209,13 +188,12 @@ void _test_all_gather_extensions_train_parity(int version, bool reshard_after_fo
       optim_->step();
       optim_->zero_grad(/*set_to_none=*/iter_idx % 2 == 0);
     }
-    sync_shadows(*model);
     EXPECT_TRUE(conformance::sharded_parity(*ref_model, *model)) << when + " after step:";
   }
-  EXPECT_GT(two.post_calls_without_out, 0);
+  EXPECT_GT(hooks.post_calls_without_out, 0);
   if (reshard_after_forward) {
-    EXPECT_GT(two.post_calls_with_out, 0) << "re-gathers refill the first unsharded tensors";
-    EXPECT_EQ(two.aliased_checks, two.post_calls_with_out);
+    EXPECT_GT(hooks.post_calls_with_out, 0) << "re-gathers refill the first unsharded tensors";
+    EXPECT_EQ(hooks.aliased_checks, hooks.post_calls_with_out);
   }
 }
 
@@ -237,8 +215,7 @@ constexpr harness::Launcher kThreads = harness::Launcher::Thread;
 // to_empty, init; three training steps through the extension's out= path with a dtype-changing
 // post hook.
 void _test_all_gather_extensions_end_to_end(int version, bool reshard_after_forward) {
-  two = TwoBuffers{};
-  two.expect_equal = false;  // trunc_normal_ draws a and b separately in the original
+  hooks = HookCounts{};
   auto model = init_two_tensor_mlp();
   nn::to_empty(*model, at::kMeta);  // "under the meta device": LibTorch has no meta-device context
   for (auto& p : model->params()) ASSERT_TRUE(p.is_meta());
@@ -246,7 +223,7 @@ void _test_all_gather_extensions_end_to_end(int version, bool reshard_after_forw
                     {.reshard_after_forward = reshard_after_forward, .mp_policy = {.param_dtype = at::kBFloat16}});
   nn::to_empty(*model, at::kCPU);
   trunc_normal_init(*model);
-  make_two_tensor_shards(*model, {}, version);
+  patch_two_tensor_fsdp_all_gather(*model, version);
   torch::optim::Adam optim(model->params(), torch::optim::AdamOptions(1e-2));
   auto gen = at::make_generator<at::CPUGeneratorImpl>(42 + ctx().rank + 1);
   at::Tensor inp = at::randn({2, 8}, gen);
@@ -254,13 +231,18 @@ void _test_all_gather_extensions_end_to_end(int version, bool reshard_after_forw
     (*model)(inp).sum().backward();
     optim.step();
     optim.zero_grad();
-    sync_shadows(*model);
   }
-  EXPECT_GT(two.post_calls_without_out, 0);
+  // tdc's addition: b was drawn apart from a and is still its own tensor after three steps (the
+  // sharded parameter is a real TwoTensor, both parts trained).
+  for (const auto& fqn : weight_fqns(*model)) {
+    conformance::TwoParts p = conformance::two_parts(tensor::param_dtensor(*model, fqn)->to_local(), "end_to_end");
+    if (p.a.numel() > 0) EXPECT_TRUE(conformance::assert_not_equal(p.a, p.b)) << fqn;
+  }
+  EXPECT_GT(hooks.post_calls_without_out, 0);
   if (reshard_after_forward) {
-    EXPECT_GT(two.post_calls_with_out, 0);
+    EXPECT_GT(hooks.post_calls_with_out, 0);
     // The gathered fp32 (a, b) are cast into bf16 `out`s: the branch whose dtype asserts ran.
-    EXPECT_EQ(two.cast_copies, two.post_calls_with_out);
+    EXPECT_EQ(hooks.cast_copies, hooks.post_calls_with_out);
   }
 }
 
@@ -283,7 +265,6 @@ TDC_DIST_TEST(TestFullyShardAllGatherExtensionsMultiThread, test_all_gather_exte
   TDC_REQUIRE_CAPABILITY("fsdp2.all_gather_extensions");
   conformance::world();
   tls_pre_all_gather_called = false;
-  two = TwoBuffers{};
   auto model = init_two_tensor_mlp();
   nn::to_empty(*model, at::kMeta);
   fully_shard_stack(*model, {});
@@ -392,7 +373,6 @@ TDC_DIST_TEST(TestFullyShardAllGatherExtensionsMultiThread, test_all_gather_exte
   const int64_t replicate_size = 2;
   DeviceMesh mesh =
       init_device_mesh("cpu", {replicate_size, ctx().world_size / replicate_size}, {"dp_replicate", "dp_shard"});
-  two = TwoBuffers{};
   auto model = init_two_tensor_mlp();
   fully_shard_stack(*model, {.mesh = mesh});
   tls_mesh.reset();

@@ -11,6 +11,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "tdc/tensor/wrapper.h"
+
 namespace tdc::conformance {
 
 namespace {
@@ -227,6 +229,27 @@ Tolerance default_tolerances(at::ScalarType a, at::ScalarType b) {
   return {std::max(ra.rtol, rb.rtol), std::max(ra.atol, rb.atol)};
 }
 
+// Wrapper tensors ([Note: wrapper tensors], tdc/tensor/wrapper.h) compare part by part: a TwoTensor
+// is close to another when its a and its b are, and a plain tensor is close to a TwoTensor when it
+// is close to both parts (FSDP2's gradient of a TwoTensor parameter is plain, its reference's is a
+// TwoTensor). PyTorch compares through the wrapper's ops, whose truth value is a's alone; this is
+// stricter.
+static ::testing::AssertionResult compare_parts(const at::Tensor& actual, const at::Tensor& expected, const Close& how) {
+  std::vector<at::Tensor> pa = tensor::parts_of(actual), pe = tensor::parts_of(expected);
+  if (pa.size() == 1) pa.resize(pe.size(), pa[0]);
+  if (pe.size() == 1) pe.resize(pa.size(), pe[0]);
+  if (pa.size() != pe.size()) {
+    return ::testing::AssertionFailure() << "actual is made of " << pa.size() << " tensors but expected of "
+                                         << pe.size();
+  }
+  for (size_t i = 0; i < pa.size(); ++i) {
+    if (auto r = assert_close(pa[i], pe[i], how); !r) {
+      return ::testing::AssertionFailure() << "part " << i << " of " << pa.size() << ": " << r.message();
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
 ::testing::AssertionResult assert_close(const at::Tensor& actual, const at::Tensor& expected, const Close& how) {
   if (!actual.defined() || !expected.defined()) {
     if (!actual.defined() && !expected.defined()) return ::testing::AssertionSuccess();  // None == None
@@ -234,6 +257,7 @@ Tolerance default_tolerances(at::ScalarType a, at::ScalarType b) {
                                          << " is None (an undefined tensor) but the other is a tensor";
   }
   if (auto failed = compare_attributes(actual, expected, how)) return *failed;
+  if (tensor::is_wrapper(actual) || tensor::is_wrapper(expected)) return compare_parts(actual, expected, how);
   const Tolerance tol = how.tol.value_or(default_tolerances(actual.scalar_type(), expected.scalar_type()));
   if (actual.is_meta() || expected.is_meta()) return ::testing::AssertionSuccess();  // no values to compare
   auto [a, e] = equalize(actual.detach(), expected.detach());

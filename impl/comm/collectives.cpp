@@ -2,6 +2,7 @@
 #include "tdc/libtorch_compat.h"
 #include "tdc/comm/op_paths.h"
 #include "tdc/comm/testing.h"
+#include "tdc/tensor/wrapper.h"
 
 #include <cstdio>
 #include <stdexcept>
@@ -284,7 +285,34 @@ Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp
 }  // namespace detail
 
 // ------------------------------------------------------------------------------ public API
+namespace {
+// [Note: wrapper tensors] (tdc/tensor/wrapper.h): an in-place collective on a wrapper runs on
+// each part; one Work waits for all of them and then bumps the wrapper's own version counter.
+template <class Fn>
+Work on_each_part(const at::Tensor& wrapper, bool async_op, Fn&& fn) {
+  auto works = std::make_shared<std::vector<Work>>();
+  for (at::Tensor part : tensor::parts_of(wrapper)) works->push_back(fn(part));
+  return detail::finish({}, [works, wrapper] {
+    for (auto& w : *works) w.wait();
+    detail::bump_version(wrapper);
+  }, async_op);
+}
+// The collectives that read one tensor and write another take no wrapper: which part would be
+// sent where is the caller's decision (FSDP2 copies a wrapper into a plain buffer first).
+void refuse_wrapper(const char* op, const char* what, const at::Tensor& t) {
+  if (tensor::is_wrapper(t)) {
+    throw std::invalid_argument(fmt::format(
+        "{}: the {} is a wrapper tensor of {} parts; pass a plain tensor (copy the wrapper into one, or call {} on "
+        "each part)",
+        op, what, tensor::parts_of(t).size(), op));
+  }
+}
+}  // namespace
+
 Work all_reduce(at::Tensor& tensor, ReduceOp op, const GroupPtr& group, bool async_op) {
+  if (tensor::is_wrapper(tensor)) {
+    return on_each_part(tensor, async_op, [&](at::Tensor& part) { return all_reduce(part, op, group, true); });
+  }
   return detail::all_reduce(tensor, op, group, async_op, OpKind::AllReduce);
 }
 
@@ -303,6 +331,8 @@ PatchReduceScatter::PatchReduceScatter(ReduceScatterPatch fn) : previous_(std::m
 PatchReduceScatter::~PatchReduceScatter() { t_reduce_scatter_patch = std::move(previous_); }
 
 Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const GroupPtr& group, bool async_op) {
+  refuse_wrapper("all_gather_into_tensor", "output", output);
+  refuse_wrapper("all_gather_into_tensor", "input", input);
   auto original = [&] { return detail::all_gather_into_tensor(output, input, group, async_op, OpKind::AllGatherBase); };
   if (t_all_gather_patch) return t_all_gather_patch(output, input, group, async_op, original);
   return original();
@@ -310,6 +340,8 @@ Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const G
 
 Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op, const GroupPtr& group,
                            bool async_op) {
+  refuse_wrapper("reduce_scatter_tensor", "output", output);
+  refuse_wrapper("reduce_scatter_tensor", "input", input);
   auto original = [&] {
     return detail::reduce_scatter_tensor(output, input, op, group, async_op, OpKind::ReduceScatterBase);
   };
@@ -319,6 +351,8 @@ Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp
 
 Work all_to_all_single(at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_split_sizes,
                        const std::vector<int64_t>& input_split_sizes, const GroupPtr& group, bool async_op) {
+  refuse_wrapper("all_to_all_single", "output", output);
+  refuse_wrapper("all_to_all_single", "input", input);
   using namespace detail;
   const ProcessGroup& g = *resolve(group);
   const int n = g.size();
@@ -381,6 +415,9 @@ Work all_to_all_single(at::Tensor& output, const at::Tensor& input, const std::v
 }
 
 Work broadcast(at::Tensor& tensor, int src, const GroupPtr& group, bool async_op) {
+  if (tensor::is_wrapper(tensor)) {
+    return on_each_part(tensor, async_op, [&](at::Tensor& part) { return broadcast(part, src, group, true); });
+  }
   using namespace detail;
   const ProcessGroup& g = *resolve(group);
   std::string err;
@@ -415,6 +452,7 @@ void check_peer(const char* op, const char* what, int peer, const ProcessGroup& 
 // what else they do. The returned Work is pending; dropping it waits (a plain statement
 // `send(t, 1);` is therefore blocking, `auto w = send(t, 1);` overlaps).
 Work send(const at::Tensor& tensor, int dst, const GroupPtr& group, int tag) {
+  refuse_wrapper("send", "tensor", tensor);
   const ProcessGroup& g = *resolve(group);
   check_peer("send", "dst", dst, g);
   CommDebugMode::record(OpKind::Send, tensor.nbytes());
@@ -425,6 +463,7 @@ Work send(const at::Tensor& tensor, int dst, const GroupPtr& group, int tag) {
 }
 
 Work recv(at::Tensor& tensor, int src, const GroupPtr& group, int tag) {
+  refuse_wrapper("recv", "tensor", tensor);
   const ProcessGroup& g = *resolve(group);
   check_peer("recv", "src", src, g);
   CommDebugMode::record(OpKind::Recv, 0);

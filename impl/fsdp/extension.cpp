@@ -11,6 +11,7 @@
 #include "tdc/comm/collectives.h"
 #include "tdc/fsdp/all_gather_extension.h"
 #include "tdc/tensor/detail/layout.h"
+#include "tdc/tensor/wrapper.h"
 
 namespace tdc::fsdp {
 
@@ -45,6 +46,19 @@ void FSDPParam::set_extension(AllGatherExtension extension) {
   unsharded_ = at::Tensor();
 }
 
+namespace {
+// What the all-gather sends for one pre_all_gather output: the tensor itself when contiguous, else a
+// contiguous copy. A wrapper tensor ([Note: wrapper tensors]) is copied into a plain buffer: as in
+// PyTorch's copy-in (a foreach copy into the flat all-gather buffer), the copy runs on each part in
+// turn, so the last part's values are what is gathered.
+at::Tensor all_gather_buffer_of(const at::Tensor& t) {
+  if (!tensor::is_wrapper(t)) return t.contiguous();
+  at::Tensor plain = at::empty(t.sizes(), t.options());
+  copy_quietly(plain, t);
+  return plain;
+}
+}  // namespace
+
 // Synchronous; copied into the kept buffers without a version bump (autograd saved aliases).
 void FSDPParam::extension_all_gather(const MeshInfo& mesh_info, const MixedPrecisionPolicy& mp) {
   const int64_t n = mesh_info.shard_size;
@@ -66,7 +80,7 @@ void FSDPParam::extension_all_gather(const MeshInfo& mesh_info, const MixedPreci
     unsharded_counted_ = false;
   }
   for (size_t j = 0; j < pre.tensors.size(); ++j) {
-    at::Tensor in = pre.tensors[j].contiguous();
+    at::Tensor in = all_gather_buffer_of(pre.tensors[j]);
     std::vector<int64_t> shape = in.sizes().vec();
     if (shape.empty()) {
       throw std::invalid_argument(fmt::format("fully_shard: pre_all_gather of '{}' returned a scalar", fqn_));

@@ -11,6 +11,7 @@
 #include "tdc/comm/collectives.h"
 #include "tdc/fsdp/testing.h"
 #include "tdc/tensor/module_params.h"
+#include "tdc/tensor/wrapper.h"
 
 namespace tdc::fsdp {
 
@@ -27,19 +28,31 @@ void mem_add(int64_t bytes) {
 MemoryStats memory_stats() { return g_mem; }
 void reset_peak_memory_stats() { g_mem.peak_unsharded_bytes = g_mem.unsharded_bytes; }
 
+// A wrapper tensor's data lives in its parts ([Note: wrapper tensors]): each is freed and
+// re-allocated like a plain tensor.
 void free_storage(const at::Tensor& t) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  if (s->nbytes() == 0) return;
-  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
-  s->set_nbytes(0);
+  for (const at::Tensor& part : tensor::parts_of(t)) {
+    c10::StorageImpl* s = part.storage().unsafeGetStorageImpl();
+    if (s->nbytes() == 0) continue;
+    s->set_data_ptr_noswap(at::DataPtr(nullptr, part.device()));
+    s->set_nbytes(0);
+  }
 }
 
 void alloc_storage(const at::Tensor& t) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  const size_t need = static_cast<size_t>(t.numel()) * t.element_size();
-  if (s->nbytes() >= need) return;
-  s->set_data_ptr_noswap(s->allocator()->allocate(need));
-  s->set_nbytes(need);
+  for (const at::Tensor& part : tensor::parts_of(t)) {
+    c10::StorageImpl* s = part.storage().unsafeGetStorageImpl();
+    const size_t need = static_cast<size_t>(part.numel()) * part.element_size();
+    if (s->nbytes() >= need) continue;
+    s->set_data_ptr_noswap(s->allocator()->allocate(need));
+    s->set_nbytes(need);
+  }
+}
+
+bool has_storage_allocated(const at::Tensor& t) {
+  const auto parts = tensor::parts_of(t);
+  return std::any_of(parts.begin(), parts.end(),
+                     [](const at::Tensor& p) { return p.storage().unsafeGetStorageImpl()->nbytes() > 0; });
 }
 
 void copy_quietly(const at::Tensor& dst, const at::Tensor& src) {
@@ -167,7 +180,7 @@ void FSDPParam::to_unsharded(const at::Tensor& gathered_columns, int64_t shard_s
 }
 
 void FSDPParam::free_unsharded() {
-  if (unsharded_.defined() && unsharded_.storage().nbytes() > 0) {
+  if (unsharded_.defined() && has_storage_allocated(unsharded_)) {
     count_unsharded_bytes(false);
     free_storage(unsharded_);
   }

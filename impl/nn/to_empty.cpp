@@ -17,7 +17,8 @@ void to_empty(Module& module, c10::Device device) {
       if (!t.defined()) continue;
       auto it = replaced.find(t.unsafeGetTensorImpl());
       if (it == replaced.end()) {
-        at::Tensor fresh = at::empty(t.sizes(), t.options().device(device)).requires_grad_(t.requires_grad());
+        // empty_like, as Module.to_empty: a tensor subclass (a wrapper tensor) stays one.
+        at::Tensor fresh = at::empty_like(t.detach(), t.options().device(device)).requires_grad_(t.requires_grad());
         it = replaced.emplace(t.unsafeGetTensorImpl(), fresh).first;
       }
       m->replace_param(item.key(), it->second);
