@@ -51,7 +51,6 @@ void copy_quietly(const at::Tensor& dst, const at::Tensor& src) {
   dst.copy_(src);
 }
 
-
 // ------------------------------------------------------------------ TwoTensor's all-gather hooks
 
 // What the hooks saw, per rank (thread-local: the MultiThread class runs ranks as threads).
@@ -119,7 +118,8 @@ std::shared_ptr<nn::Sequential> init_two_tensor_mlp() {
   auto model = std::make_shared<nn::Sequential>(mlps);
   for (auto& [fqn, w] : model->named_params()) {
     auto [owner, name] = model->owner_of(fqn);
-    owner->replace_param(name, conformance::two_tensor(w.detach(), w.detach().clone()).requires_grad_(w.requires_grad()));
+    owner->replace_param(name,
+                         conformance::two_tensor(w.detach(), w.detach().clone()).requires_grad_(w.requires_grad()));
   }
   return model;
 }

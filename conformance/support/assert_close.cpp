@@ -234,7 +234,8 @@ Tolerance default_tolerances(at::ScalarType a, at::ScalarType b) {
 // is close to both parts (FSDP2's gradient of a TwoTensor parameter is plain, its reference's is a
 // TwoTensor). PyTorch compares through the wrapper's ops, whose truth value is a's alone; this is
 // stricter.
-static ::testing::AssertionResult compare_parts(const at::Tensor& actual, const at::Tensor& expected, const Close& how) {
+static ::testing::AssertionResult compare_parts(const at::Tensor& actual, const at::Tensor& expected,
+                                                const Close& how) {
   std::vector<at::Tensor> pa = tensor::parts_of(actual), pe = tensor::parts_of(expected);
   if (pa.size() == 1) pa.resize(pe.size(), pa[0]);
   if (pe.size() == 1) pe.resize(pa.size(), pe[0]);

@@ -143,8 +143,7 @@ void register_kernel() {
       if (name.name.rfind("aten::", 0) != 0) continue;
       auto op = dispatcher.findOp(name);
       if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) continue;
-      const std::string short_name =
-          name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+      const std::string short_name = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
       aten->impl(short_name.c_str(), kernel());
     }
   });

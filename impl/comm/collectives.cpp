@@ -292,10 +292,13 @@ template <class Fn>
 Work on_each_part(const at::Tensor& wrapper, bool async_op, Fn&& fn) {
   auto works = std::make_shared<std::vector<Work>>();
   for (at::Tensor part : tensor::parts_of(wrapper)) works->push_back(fn(part));
-  return detail::finish({}, [works, wrapper] {
-    for (auto& w : *works) w.wait();
-    detail::bump_version(wrapper);
-  }, async_op);
+  return detail::finish(
+      {},
+      [works, wrapper] {
+        for (auto& w : *works) w.wait();
+        detail::bump_version(wrapper);
+      },
+      async_op);
 }
 // The collectives that read one tensor and write another take no wrapper: which part would be
 // sent where is the caller's decision (FSDP2 copies a wrapper into a plain buffer first).
