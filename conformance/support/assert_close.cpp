@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "tdc/tensor/wrapper.h"
+#include "tdc/core/wrapper_tensor.h"
 
 namespace tdc::conformance {
 
@@ -229,14 +229,14 @@ Tolerance default_tolerances(at::ScalarType a, at::ScalarType b) {
   return {std::max(ra.rtol, rb.rtol), std::max(ra.atol, rb.atol)};
 }
 
-// Wrapper tensors ([Note: wrapper tensors], tdc/tensor/wrapper.h) compare part by part: a TwoTensor
+// Wrapper tensors ([Note: wrapper tensors], tdc/core/wrapper_tensor.h) compare part by part: a TwoTensor
 // is close to another when its a and its b are, and a plain tensor is close to a TwoTensor when it
 // is close to both parts (FSDP2's gradient of a TwoTensor parameter is plain, its reference's is a
 // TwoTensor). PyTorch compares through the wrapper's ops, whose truth value is a's alone; this is
 // stricter.
 static ::testing::AssertionResult compare_parts(const at::Tensor& actual, const at::Tensor& expected,
                                                 const Close& how) {
-  std::vector<at::Tensor> pa = tensor::parts_of(actual), pe = tensor::parts_of(expected);
+  std::vector<at::Tensor> pa = core::parts_of(actual), pe = core::parts_of(expected);
   if (pa.size() == 1) pa.resize(pe.size(), pa[0]);
   if (pe.size() == 1) pe.resize(pa.size(), pe[0]);
   if (pa.size() != pe.size()) {
@@ -258,7 +258,7 @@ static ::testing::AssertionResult compare_parts(const at::Tensor& actual, const 
                                          << " is None (an undefined tensor) but the other is a tensor";
   }
   if (auto failed = compare_attributes(actual, expected, how)) return *failed;
-  if (tensor::is_wrapper(actual) || tensor::is_wrapper(expected)) return compare_parts(actual, expected, how);
+  if (core::is_wrapper(actual) || core::is_wrapper(expected)) return compare_parts(actual, expected, how);
   const Tolerance tol = how.tol.value_or(default_tolerances(actual.scalar_type(), expected.scalar_type()));
   if (actual.is_meta() || expected.is_meta()) return ::testing::AssertionSuccess();  // no values to compare
   auto [a, e] = equalize(actual.detach(), expected.detach());

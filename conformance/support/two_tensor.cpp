@@ -10,12 +10,12 @@
 #include <fmt/ranges.h>
 #include <torch/library.h>
 
-#include "tdc/tensor/wrapper.h"
+#include "tdc/core/wrapper_tensor.h"
 
 namespace tdc::conformance {
 namespace {
 
-class TwoTensorImpl final : public tensor::WrapperTensorImpl {
+class TwoTensorImpl final : public core::WrapperTensorImpl {
  public:
   TwoTensorImpl(at::Tensor a, at::Tensor b)
       : WrapperTensorImpl(c10::DispatchKeySet(c10::DispatchKey::PrivateUse2), a), a_(std::move(a)), b_(std::move(b)) {}

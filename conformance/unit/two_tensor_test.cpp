@@ -1,5 +1,5 @@
 // TwoTensor (tdc/conformance/two_tensor.h), PyTorch's two-part test tensor in C++, and how tdc's
-// components treat wrapper tensors ([Note: wrapper tensors], tdc/tensor/wrapper.h).
+// components treat wrapper tensors ([Note: wrapper tensors], tdc/core/wrapper_tensor.h).
 #include <gmock/gmock.h>
 
 #include <ATen/ATen.h>
@@ -10,7 +10,7 @@
 #include "tdc/conformance/support.h"
 #include "tdc/conformance/two_tensor.h"
 #include "tdc/harness/harness.h"
-#include "tdc/tensor/wrapper.h"
+#include "tdc/core/wrapper_tensor.h"
 
 namespace {
 
@@ -31,13 +31,13 @@ constexpr Tolerance kExact{0, 0};
 TEST(TwoTensor, OuterMetadataIsAs) {
   at::Tensor a = at::randn({3, 4}), b = at::randn({3, 4});
   at::Tensor t = two_tensor(a, b);
-  EXPECT_TRUE(tdc::tensor::is_wrapper(t));
+  EXPECT_TRUE(tdc::core::is_wrapper(t));
   EXPECT_EQ(t.sizes(), a.sizes());
   EXPECT_EQ(t.strides(), a.strides());
   EXPECT_EQ(t.scalar_type(), at::kFloat);
   EXPECT_TRUE(t.is_cpu());
-  EXPECT_EQ(tdc::tensor::parts_of(t).size(), 2u);
-  EXPECT_EQ(tdc::tensor::parts_of(a).size(), 1u);
+  EXPECT_EQ(tdc::core::parts_of(t).size(), 2u);
+  EXPECT_EQ(tdc::core::parts_of(a).size(), 1u);
   EXPECT_THROW(t.data_ptr(), c10::Error) << "a wrapper has no storage of its own";
 }
 

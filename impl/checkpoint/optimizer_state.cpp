@@ -22,26 +22,16 @@
 #include <torch/optim/sgd.h>
 
 #include "assign.h"
-#include "optimizer_access.h"
-#include "../fsdp1/optim_state.h"
 #include "common.h"
 #include "fqn.h"
 #include "tdc/checkpoint/errors.h"
 #include "tdc/checkpoint/state_dict.h"
+#include "tdc/core/optimizer_access.h"
+#include "tdc/fsdp1/optim_state.h"
 #include "tdc/tensor/module_params.h"
 
 namespace tdc::checkpoint {
 namespace {
-
-enum class OptimKind { Adam, AdamW, SGD };
-
-OptimKind kind_of(torch::optim::Optimizer& optim) {
-  if (dynamic_cast<torch::optim::AdamW*>(&optim)) return OptimKind::AdamW;
-  if (dynamic_cast<torch::optim::Adam*>(&optim)) return OptimKind::Adam;
-  if (dynamic_cast<torch::optim::SGD*>(&optim)) return OptimKind::SGD;
-  throw std::invalid_argument(
-      "tdc::checkpoint: optimizer state dicts support LibTorch's Adam, AdamW and SGD; this optimizer is none of them");
-}
 
 // The optimizer's parameters with the FQNs they stand for (several for an FSDP1 flat parameter)
 // and their layouts.
@@ -112,30 +102,8 @@ void init_optim_state(torch::optim::Optimizer& optim) {
   optim.zero_grad(true);
 }
 
-using detail::ParamState;
-
-template <class S>
-ParamState adam_like(S& s) {
-  ParamState out{{{"exp_avg", s.exp_avg()}, {"exp_avg_sq", s.exp_avg_sq()}}, s.step()};
-  if (s.max_exp_avg_sq().defined()) out.tensors.emplace_back("max_exp_avg_sq", s.max_exp_avg_sq());
-  return out;
-}
-
-std::optional<ParamState> state_of(torch::optim::Optimizer& optim, OptimKind kind, const at::Tensor& p) {
-  auto it = optim.state().find(p.unsafeGetTensorImpl());
-  if (it == optim.state().end()) return std::nullopt;
-  switch (kind) {
-    case OptimKind::Adam:
-      return adam_like(static_cast<torch::optim::AdamParamState&>(*it->second));
-    case OptimKind::AdamW:
-      return adam_like(static_cast<torch::optim::AdamWParamState&>(*it->second));
-    case OptimKind::SGD: {
-      auto& s = static_cast<torch::optim::SGDParamState&>(*it->second);
-      return ParamState{{{"momentum_buffer", s.momentum_buffer()}}, std::nullopt};
-    }
-  }
-  return std::nullopt;
-}
+using core::OptimKind;
+using core::ParamState;
 
 void set_step(torch::optim::Optimizer& optim, OptimKind kind, const at::Tensor& p, int64_t step) {
   auto& s = *optim.state().at(p.unsafeGetTensorImpl());
@@ -217,7 +185,7 @@ std::function<void()> apply_group(torch::optim::OptimizerOptions& o, OptimKind k
 
 // "state.<fqn>.<name>" entries of a plain, DDP, TP or FSDP2 model: the optimizer's own tensors.
 void add_param_state(StateDict& out, torch::optim::Optimizer& optim, OptimKind kind, const OptimParam& op) {
-  auto st = state_of(optim, kind, op.param);
+  auto st = core::optimizer_param_state(optim, kind, op.param);
   if (!st) return;
   const std::string prefix = "state." + op.fqns.front() + ".";
   if (st->step) out.set(prefix + "step", at::scalar_tensor(static_cast<double>(*st->step), at::kFloat));
@@ -244,7 +212,7 @@ void add_fsdp1_state(StateDict& out, fsdp1::FullyShardedDataParallel& root, torc
   for (auto& e : fsdp1::detail::optimizer_state_entries(root, optim)) {
     auto it = by_fqn.find(e.fqn);
     if (it == by_fqn.end()) continue;  // not in this optimizer (or frozen and ignored)
-    auto st = state_of(optim, kind, it->second->param);
+    auto st = core::optimizer_param_state(optim, kind, it->second->param);
     const std::string prefix = "state." + e.fqn + ".";
     if (st && st->step) out.set(prefix + "step", at::scalar_tensor(static_cast<double>(*st->step), at::kFloat));
     for (auto& [name, v] : e.tensors) out.set(prefix + name, std::move(v));
@@ -256,7 +224,7 @@ void add_fsdp1_state(StateDict& out, fsdp1::FullyShardedDataParallel& root, torc
 }
 
 StateDict sharded_optim_state(nn::Module& model, torch::optim::Optimizer& optim, bool ignore_frozen) {
-  const OptimKind kind = kind_of(optim);
+  const OptimKind kind = core::optimizer_kind(optim);
   init_optim_state(optim);
   StateDict out;
   const auto params = optim_params(model, optim, ignore_frozen);
@@ -281,14 +249,6 @@ StateDict sharded_optim_state(nn::Module& model, torch::optim::Optimizer& optim,
 
 }  // namespace
 
-namespace detail {
-
-std::optional<ParamState> optimizer_param_state(torch::optim::Optimizer& optim, const at::Tensor& param) {
-  return state_of(optim, kind_of(optim), param);
-}
-
-}  // namespace detail
-
 StateDict get_optimizer_state_dict(nn::Module& model, torch::optim::Optimizer& optim, const StateDictOptions& options) {
   StateDict sharded = sharded_optim_state(model, optim, options.ignore_frozen_params);
   return options.full_state_dict ? detail::to_full(sharded, options) : sharded;
@@ -299,7 +259,7 @@ namespace detail {
 // Stages an optimizer load; the returned function commits it (cannot fail).
 std::function<void()> stage_optimizer(nn::Module& model, torch::optim::Optimizer& optim, const StateDict& given,
                                       const StateDictOptions& options) {
-  const OptimKind kind = kind_of(optim);
+  const OptimKind kind = core::optimizer_kind(optim);
   StateDict targets = sharded_optim_state(model, optim, options.ignore_frozen_params);
   nlohmann::json groups = std::get<nlohmann::json>(targets.at("param_groups"));
   targets.erase("param_groups");

@@ -2,7 +2,7 @@
 #include "tdc/libtorch_compat.h"
 #include "tdc/comm/op_paths.h"
 #include "tdc/comm/testing.h"
-#include "tdc/tensor/wrapper.h"
+#include "tdc/core/wrapper_tensor.h"
 
 #include <cstdio>
 #include <stdexcept>
@@ -286,12 +286,12 @@ Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp
 
 // ------------------------------------------------------------------------------ public API
 namespace {
-// [Note: wrapper tensors] (tdc/tensor/wrapper.h): an in-place collective on a wrapper runs on
+// [Note: wrapper tensors] (tdc/core/wrapper_tensor.h): an in-place collective on a wrapper runs on
 // each part; one Work waits for all of them and then bumps the wrapper's own version counter.
 template <class Fn>
 Work on_each_part(const at::Tensor& wrapper, bool async_op, Fn&& fn) {
   auto works = std::make_shared<std::vector<Work>>();
-  for (at::Tensor part : tensor::parts_of(wrapper)) works->push_back(fn(part));
+  for (at::Tensor part : core::parts_of(wrapper)) works->push_back(fn(part));
   return detail::finish(
       {},
       [works, wrapper] {
@@ -303,17 +303,17 @@ Work on_each_part(const at::Tensor& wrapper, bool async_op, Fn&& fn) {
 // The collectives that read one tensor and write another take no wrapper: which part would be
 // sent where is the caller's decision (FSDP2 copies a wrapper into a plain buffer first).
 void refuse_wrapper(const char* op, const char* what, const at::Tensor& t) {
-  if (tensor::is_wrapper(t)) {
+  if (core::is_wrapper(t)) {
     throw std::invalid_argument(fmt::format(
         "{}: the {} is a wrapper tensor of {} parts; pass a plain tensor (copy the wrapper into one, or call {} on "
         "each part)",
-        op, what, tensor::parts_of(t).size(), op));
+        op, what, core::parts_of(t).size(), op));
   }
 }
 }  // namespace
 
 Work all_reduce(at::Tensor& tensor, ReduceOp op, const GroupPtr& group, bool async_op) {
-  if (tensor::is_wrapper(tensor)) {
+  if (core::is_wrapper(tensor)) {
     return on_each_part(tensor, async_op, [&](at::Tensor& part) { return all_reduce(part, op, group, true); });
   }
   return detail::all_reduce(tensor, op, group, async_op, OpKind::AllReduce);
@@ -418,7 +418,7 @@ Work all_to_all_single(at::Tensor& output, const at::Tensor& input, const std::v
 }
 
 Work broadcast(at::Tensor& tensor, int src, const GroupPtr& group, bool async_op) {
-  if (tensor::is_wrapper(tensor)) {
+  if (core::is_wrapper(tensor)) {
     return on_each_part(tensor, async_op, [&](at::Tensor& part) { return broadcast(part, src, group, true); });
   }
   using namespace detail;

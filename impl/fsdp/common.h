@@ -7,7 +7,7 @@
 #include <string>
 
 #include "tdc/comm/process_group.h"
-#include "lifecycle.h"
+#include "tdc/core/lifecycle.h"
 #include "tdc/device_mesh.h"
 
 namespace tdc::fsdp {
@@ -61,7 +61,7 @@ void check_state(const std::string& who, const char* action, State now, std::ini
 
 template <class State>
 void check_state(const std::string& who, const char* action, State now, std::initializer_list<State> allowed) {
-  check_transition(now, allowed, [&](const std::string& state, const std::string& expected) {
+  core::check_transition(now, allowed, [&](const std::string& state, const std::string& expected) {
     throw_lifecycle_error(who, action, state, expected);
   });
 }

@@ -11,7 +11,7 @@
 #include "tdc/comm/collectives.h"
 #include "tdc/fsdp/all_gather_extension.h"
 #include "tdc/tensor/detail/layout.h"
-#include "tdc/tensor/wrapper.h"
+#include "tdc/core/wrapper_tensor.h"
 
 namespace tdc::fsdp {
 
@@ -52,7 +52,7 @@ namespace {
 // PyTorch's copy-in (a foreach copy into the flat all-gather buffer), the copy runs on each part in
 // turn, so the last part's values are what is gathered.
 at::Tensor all_gather_buffer_of(const at::Tensor& t) {
-  if (!tensor::is_wrapper(t)) return t.contiguous();
+  if (!core::is_wrapper(t)) return t.contiguous();
   at::Tensor plain = at::empty(t.sizes(), t.options());
   copy_quietly(plain, t);
   return plain;

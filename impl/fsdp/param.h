@@ -12,12 +12,17 @@
 #include <ATen/core/Tensor.h>
 
 #include "common.h"
-#include "storage.h"
+#include "tdc/core/storage.h"
 #include "tdc/fsdp/all_gather_extension.h"
 #include "tdc/fsdp/fully_shard.h"
 #include "tdc/tensor/dtensor.h"
 
 namespace tdc::fsdp {
+
+using core::alloc_storage;
+using core::copy_quietly;
+using core::free_storage;
+using core::has_storage_allocated;
 
 using ParamUses = std::vector<std::pair<nn::Module*, std::string>>;
 

@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "../fsdp/lifecycle.h"
+#include "tdc/core/lifecycle.h"
 #include "tdc/fsdp1/fully_sharded_data_parallel.h"
 
 namespace tdc::fsdp1::detail {
@@ -29,7 +29,7 @@ std::string join_fqn(const std::string& prefix, const std::string& name);
                                         const std::string& expected);
 template <class State>
 void check_state(const std::string& who, const char* action, State now, std::initializer_list<State> allowed) {
-  fsdp::check_transition(now, allowed, [&](const std::string& state, const std::string& expected) {
+  core::check_transition(now, allowed, [&](const std::string& state, const std::string& expected) {
     throw_lifecycle_error(who, action, state, expected);
   });
 }

@@ -1,7 +1,7 @@
 // FlatParamHandle (flat_param.h): [Note: FSDP1 flat parameter].
 #include "flat_param.h"
 
-#include "../fsdp/storage.h"
+#include "tdc/core/storage.h"
 #include "common.h"
 #include "tdc/comm/argument_checks.h"
 #include "tdc/comm/collectives.h"
@@ -156,7 +156,7 @@ void FlatParamHandle::unshard() {
       if (!unsharded_.defined()) {
         unsharded_ = at::empty({padded_numel_}, shard.options());
       } else {
-        fsdp::alloc_storage(unsharded_);
+        core::alloc_storage(unsharded_);
       }
       comm::ScopedArgumentChecks checks(!gather_checked_ && comm::argument_checks());
       gather_checked_ = true;
@@ -187,7 +187,7 @@ void FlatParamHandle::reshard() {
   if (!unsharded_valid_) return;
   unsharded_valid_ = false;
   if (config_.sharded) {
-    fsdp::free_storage(unsharded_);
+    core::free_storage(unsharded_);
   } else {
     unsharded_ = at::Tensor();  // NO_SHARD: drop the alias / low-precision copy
   }

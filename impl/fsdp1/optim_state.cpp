@@ -1,6 +1,6 @@
 // FSDP1 optimizer state in state-dict form (optim_state.h), and FullyShardedDataParallel's
 // optim_state_dict / sharded_optim_state_dict / load_optim_state_dict.
-#include "optim_state.h"
+#include "tdc/fsdp1/optim_state.h"
 
 #include <map>
 #include <optional>
@@ -9,7 +9,7 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include "../checkpoint/optimizer_access.h"
+#include "tdc/core/optimizer_access.h"
 #include "common.h"
 #include "flat_param.h"
 #include "sharded_layout.h"
@@ -20,7 +20,7 @@ namespace detail {
 
 namespace {
 
-using checkpoint::detail::ParamState;
+using core::ParamState;
 
 // One unit's optimizer parameters and their state (nullopt: none yet on this rank).
 struct UnitOptimState {
@@ -39,7 +39,7 @@ std::vector<UnitOptimState> unit_states(FullyShardedDataParallel& root, torch::o
     if (!h) continue;
     UnitOptimState us{u, prefix, h, h->optimizer_params(), {}, {}};
     for (const auto& p : us.params) {
-      us.states.push_back(checkpoint::detail::optimizer_param_state(optim, p));
+      us.states.push_back(core::optimizer_param_state(optim, p));
       if (us.names.empty() && us.states.back()) {
         for (const auto& [name, t] : us.states.back()->tensors) {
           if (t.defined()) us.names.push_back(name);

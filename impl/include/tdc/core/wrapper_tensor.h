@@ -19,7 +19,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorImpl.h>
 
-namespace tdc::tensor {
+namespace tdc::core {
 
 class WrapperTensorImpl : public c10::TensorImpl {
  public:
@@ -35,4 +35,4 @@ bool is_wrapper(const at::Tensor& t);
 // The inner tensors of a wrapper; {t} for any other tensor.
 std::vector<at::Tensor> parts_of(const at::Tensor& t);
 
-}  // namespace tdc::tensor
+}  // namespace tdc::core

@@ -1,10 +1,10 @@
-// The lifecycle check FSDP1 and FSDP2 share: is `now` one of the states an action allows?
+// The lifecycle check libtdc's components share (FSDP1, FSDP2): is `now` one of the states an action allows?
 #pragma once
 
 #include <initializer_list>
 #include <string>
 
-namespace tdc::fsdp {
+namespace tdc::core {
 
 // Returns when `now` is in `allowed`; otherwise calls fail(now, "A or B") with the states' names
 // (to_string found by argument-dependent lookup), which throws the caller's error.
@@ -18,4 +18,4 @@ void check_transition(State now, std::initializer_list<State> allowed, Fail&& fa
   fail(std::string(to_string(now)), expected);
 }
 
-}  // namespace tdc::fsdp
+}  // namespace tdc::core

@@ -1,7 +1,9 @@
 // FSDP1 optimizer state in state-dict form: the state of flat parameters (or of the original
 // parameters' shard views) converted to and from per-original-parameter entries laid out as the
 // parameters' sharded state-dict entries. tdc::checkpoint's optimizer state dict calls these for
-// models whose root is an FSDP1 wrapper. Internal.
+// models whose root is an FSDP1 wrapper, through this public header. (The edge the other way,
+// fsdp1 -> checkpoint, is still there: the StateDict type, and FSDP1's optim_state_dict calls
+// that delegate to the state-dict API; cmake/Layering.cmake lists it as the one tolerated.)
 #pragma once
 
 #include <string>

@@ -1,7 +1,7 @@
-// Wrapper tensors (tdc/tensor/wrapper.h).
-#include "tdc/tensor/wrapper.h"
+// Wrapper tensors (tdc/core/wrapper_tensor.h).
+#include "tdc/core/wrapper_tensor.h"
 
-namespace tdc::tensor {
+namespace tdc::core {
 
 WrapperTensorImpl::WrapperTensorImpl(c10::DispatchKeySet keys, const at::Tensor& like)
     : c10::TensorImpl(keys, like.dtype(), like.device()) {
@@ -20,4 +20,4 @@ std::vector<at::Tensor> parts_of(const at::Tensor& t) {
   return {t};
 }
 
-}  // namespace tdc::tensor
+}  // namespace tdc::core
