@@ -51,14 +51,14 @@ int train(int rank, int world, const c10::intrusive_ptr<c10d::Store>& store) {
     if (step == 0) first = last;
     if (rank == 0) std::printf("step %d: loss %.5f\n", step, last);
   }
-  tdc::checkpoint::StateDict sd = model->state_dict();  // FULL_STATE_DICT: full tensors
+  tdc::tensor::StateDict sd = model->state_dict();  // FULL_STATE_DICT: full tensors
   if (rank == 0) {
     for (const auto& key : sd.keys()) {
-      std::printf("%s %s\n", key.c_str(), c10::str(tdc::checkpoint::as_tensor(sd, key).sizes()).c_str());
+      std::printf("%s %s\n", key.c_str(), c10::str(tdc::tensor::as_tensor(sd, key).sizes()).c_str());
     }
   }
   const bool full = sd.keys() == std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"} &&
-                    tdc::checkpoint::as_tensor(sd, "0.weight").sizes() == at::IntArrayRef{32, 16};
+                    tdc::tensor::as_tensor(sd, "0.weight").sizes() == at::IntArrayRef{32, 16};
   tdc::comm::destroy_process_group();
   if (!(last < first) || !full) {
     std::fprintf(stderr, "rank %d: loss %.5f -> %.5f, full state dict: %d\n", rank, first, last, full);

@@ -230,7 +230,7 @@ std::vector<at::Tensor> get_full_params(nn::Module& model, std::vector<std::stri
 
 // save_model in _train_for_several_steps: {k: v.clone()} of state_dict(), zero the model, load.
 void state_dict_round_trip(FSDP& model) {
-  checkpoint::StateDict state_dict;
+  tensor::StateDict state_dict;
   for (const auto& [key, value] : model.state_dict()) {
     const at::Tensor* t = std::get_if<at::Tensor>(&value);
     ASSERT_NE(t, nullptr) << "state_dict() entry '" << key << "' is not a plain tensor (FULL_STATE_DICT)";
@@ -662,7 +662,7 @@ void test_pre_backward_hook_registration_after_state_dict() {
   ASSERT_NO_FATAL_FAILURE(_train_for_several_steps(*fsdp_model, /*num_steps=*/2, /*autocast=*/false, {}, &loss));
   ASSERT_NE(as_fsdp(*fsdp_model), nullptr) << "TransformerWithSharedParams::init(RECURSIVE) returns the root unit";
   FSDP& fsdp = *as_fsdp(*fsdp_model);
-  checkpoint::StateDict state_dict = fsdp.state_dict();
+  tensor::StateDict state_dict = fsdp.state_dict();
   fsdp.load_state_dict(state_dict);
   _test_pre_backward_hook_registration(*fsdp_model);
 }

@@ -199,9 +199,11 @@ void _test_save_with_fsdp1_and_load_with_fsdp2(const std::string& state_dict_typ
   train_step(*fsdp1_model, fsdp1_optim, randn_on_every_rank({2}));
   {
     auto guard = FSDP::state_dict_type(*fsdp1_model, type);
-    dcp_save(
-        {{"model", fsdp1_model->state_dict()}, {"optim", FSDP::sharded_optim_state_dict(*fsdp1_model, fsdp1_optim)}},
-        temp_dir);
+    // FSDP.sharded_optim_state_dict(model, optim) is checkpoint::fsdp1_sharded_optim_state_dict in
+    // tdc, beside the state-dict API it calls (docs/decisions.md, libtdc's layering).
+    dcp_save({{"model", fsdp1_model->state_dict()},
+              {"optim", checkpoint::fsdp1_sharded_optim_state_dict(*fsdp1_model, fsdp1_optim)}},
+             temp_dir);
   }
   auto [fsdp1_full_msd, fsdp1_full_osd] = checkpoint::get_state_dict(*fsdp1_model, fsdp1_optim, kFullOffload);
 

@@ -182,21 +182,21 @@ TDC_DIST_TEST(FSDP1StateDict, FsdpApi, .world_size = 4, .timeout_s = 120) {
   FullyShardedDataParallel::set_state_dict_type(*model, StateDictType::SHARDED_STATE_DICT);
   EXPECT_EQ(model->current_state_dict_type(), StateDictType::SHARDED_STATE_DICT);
   const StateDict sd = conformance::deep_copy(model->state_dict());
-  const StateDict osd = conformance::deep_copy(FullyShardedDataParallel::sharded_optim_state_dict(*model, optim));
-  EXPECT_TRUE(conformance::state_dicts_equal(FullyShardedDataParallel::optim_state_dict(*model, optim), osd));
+  const StateDict osd = conformance::deep_copy(checkpoint::fsdp1_sharded_optim_state_dict(*model, optim));
+  EXPECT_TRUE(conformance::state_dicts_equal(checkpoint::fsdp1_optim_state_dict(*model, optim), osd));
   adam_step(*model, optim, 2);
   model->load_state_dict(sd);
-  FullyShardedDataParallel::load_optim_state_dict(*model, optim, osd);
+  checkpoint::fsdp1_load_optim_state_dict(*model, optim, osd);
   EXPECT_TRUE(conformance::state_dicts_equal(model->state_dict(), sd));
-  EXPECT_TRUE(conformance::state_dicts_equal(FullyShardedDataParallel::sharded_optim_state_dict(*model, optim), osd));
+  EXPECT_TRUE(conformance::state_dicts_equal(checkpoint::fsdp1_sharded_optim_state_dict(*model, optim), osd));
   {
     auto full = FullyShardedDataParallel::state_dict_type(*model, StateDictType::FULL_STATE_DICT);
-    const StateDict full_osd = FullyShardedDataParallel::optim_state_dict(*model, optim);
+    const StateDict full_osd = checkpoint::fsdp1_optim_state_dict(*model, optim);
     EXPECT_TRUE(std::holds_alternative<at::Tensor>(full_osd.at("state.net1.weight.exp_avg")));
     EXPECT_EQ(checkpoint::as_tensor(full_osd, "state.net1.weight.exp_avg").sizes(), (c10::IntArrayRef{8, 5}));
   }
   auto local = FullyShardedDataParallel::state_dict_type(*model, StateDictType::LOCAL_STATE_DICT);
-  EXPECT_THAT(conformance::error_of([&] { FullyShardedDataParallel::optim_state_dict(*model, optim); }),
+  EXPECT_THAT(conformance::error_of([&] { checkpoint::fsdp1_optim_state_dict(*model, optim); }),
               HasSubstr("LOCAL_STATE_DICT"));
 }
 

@@ -379,8 +379,8 @@ TDC_DIST_TEST(FSDP1Test, StateDictTypes, .world_size = 2) {
     auto full = fsdp->state_dict();
     EXPECT_EQ(full.keys(),
               (std::vector<std::string>{"0.weight", "0.bias", "1.weight", "1.bias", "2.weight", "2.bias"}));
-    EXPECT_EQ(checkpoint::as_tensor(full, "0.weight").sizes(), (std::vector<int64_t>{7, 5}));
-    checkpoint::StateDict sharded, local;
+    EXPECT_EQ(tensor::as_tensor(full, "0.weight").sizes(), (std::vector<int64_t>{7, 5}));
+    tensor::StateDict sharded, local;
     {
       auto t = FullyShardedDataParallel::state_dict_type(*fsdp, StateDictType::SHARDED_STATE_DICT);
       sharded = fsdp->state_dict();
@@ -390,9 +390,9 @@ TDC_DIST_TEST(FSDP1Test, StateDictTypes, .world_size = 2) {
       local = fsdp->state_dict();
     }
     // torch.chunk of 7 rows over 2 ranks: 4 and 3.
-    EXPECT_EQ(checkpoint::as_dtensor(sharded, "0.weight").to_local().size(0), ctx().rank == 0 ? 4 : 3);
-    EXPECT_TRUE(assert_close(checkpoint::as_dtensor(sharded, "0.weight").full_tensor(),
-                             checkpoint::as_tensor(full, "0.weight"), Tolerance{0, 0}));
+    EXPECT_EQ(tensor::as_dtensor(sharded, "0.weight").to_local().size(0), ctx().rank == 0 ? 4 : 3);
+    EXPECT_TRUE(assert_close(tensor::as_dtensor(sharded, "0.weight").full_tensor(), tensor::as_tensor(full, "0.weight"),
+                             Tolerance{0, 0}));
     EXPECT_EQ(local.keys(), (std::vector<std::string>{"0._flat_param", "1._flat_param", "2._flat_param"}));
     // Round trips: zero the model, load each kind, compare with the full dict.
     for (auto type :
@@ -409,7 +409,7 @@ TDC_DIST_TEST(FSDP1Test, StateDictTypes, .world_size = 2) {
       auto t2 = FullyShardedDataParallel::state_dict_type(*fsdp, StateDictType::FULL_STATE_DICT);
       auto back = fsdp->state_dict();
       for (const auto& k : full.keys()) {
-        EXPECT_TRUE(assert_close(checkpoint::as_tensor(back, k), checkpoint::as_tensor(full, k), Tolerance{0, 0}))
+        EXPECT_TRUE(assert_close(tensor::as_tensor(back, k), tensor::as_tensor(full, k), Tolerance{0, 0}))
             << fsdp1::to_string(type) << " " << k;
       }
     }

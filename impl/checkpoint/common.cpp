@@ -98,14 +98,6 @@ std::optional<Range> intersect(const std::vector<int64_t>& a_off, const std::vec
 
 std::string shape_str(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
-std::string kind_name(const Value& value) {
-  if (const auto* d = std::get_if<tensor::DTensor>(&value)) {
-    return fmt::format("DTensor {} on {}", tensor::to_string(d->placements()), d->device_mesh().to_string());
-  }
-  if (std::holds_alternative<at::Tensor>(value)) return "tensor";
-  return "JSON value";
-}
-
 comm::GroupPtr resolve_group(const comm::GroupPtr& group) {
   if (group) return group;
   return comm::is_initialized() ? comm::default_group() : nullptr;

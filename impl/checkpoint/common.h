@@ -51,7 +51,7 @@ nlohmann::json parse_strict_json(std::string_view text, int max_depth, const std
                                  const std::string& what);
 // A checksum as headers print it (16 lowercase hex digits), or nullopt.
 std::optional<uint64_t> parse_hex64(const std::string& s);
-std::string kind_name(const Value& value);  // "tensor", "DTensor (Shard(0)) on mesh ...", "JSON"
+using tensor::kind_name;  // "tensor", "DTensor (Shard(0)) on mesh ...", "JSON value"
 
 // The full form of a sharded state dict (full_state_dict): DTensors gathered (a collective per
 // entry, in order), on the CPU with cpu_offload, where only rank 0 keeps the result.

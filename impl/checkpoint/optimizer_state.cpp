@@ -27,6 +27,7 @@
 #include "tdc/checkpoint/errors.h"
 #include "tdc/checkpoint/state_dict.h"
 #include "tdc/core/optimizer_access.h"
+#include "tdc/fsdp1/fully_sharded_data_parallel.h"
 #include "tdc/fsdp1/optim_state.h"
 #include "tdc/tensor/module_params.h"
 
@@ -332,6 +333,31 @@ std::function<void()> stage_optimizer(nn::Module& model, torch::optim::Optimizer
 void set_optimizer_state_dict(nn::Module& model, torch::optim::Optimizer& optim, const StateDict& state_dict,
                               const StateDictOptions& options) {
   detail::stage_optimizer(model, optim, state_dict, options)();
+}
+
+// ------------------------------------------------------------------ FSDP1's optimizer state-dict calls
+
+StateDict fsdp1_optim_state_dict(fsdp1::FullyShardedDataParallel& model, torch::optim::Optimizer& optim) {
+  switch (model.current_state_dict_type()) {
+    case fsdp1::StateDictType::FULL_STATE_DICT:
+      return get_optimizer_state_dict(model, optim, {.full_state_dict = true});
+    case fsdp1::StateDictType::SHARDED_STATE_DICT:
+      return get_optimizer_state_dict(model, optim);
+    case fsdp1::StateDictType::LOCAL_STATE_DICT:
+      break;
+  }
+  throw std::invalid_argument(
+      "fsdp1_optim_state_dict (FSDP.optim_state_dict): LOCAL_STATE_DICT has no optimizer state dict form (as in "
+      "PyTorch); use FULL_STATE_DICT or SHARDED_STATE_DICT");
+}
+
+StateDict fsdp1_sharded_optim_state_dict(fsdp1::FullyShardedDataParallel& model, torch::optim::Optimizer& optim) {
+  return get_optimizer_state_dict(model, optim);
+}
+
+void fsdp1_load_optim_state_dict(fsdp1::FullyShardedDataParallel& model, torch::optim::Optimizer& optim,
+                                 const StateDict& optim_state_dict) {
+  set_optimizer_state_dict(model, optim, optim_state_dict);
 }
 
 }  // namespace tdc::checkpoint

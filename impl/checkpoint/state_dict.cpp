@@ -1,4 +1,4 @@
-// StateDict and the model state dict (state_dict.h).
+// The model state dict (state_dict.h).
 #include "tdc/checkpoint/state_dict.h"
 
 #include <algorithm>
@@ -15,84 +15,6 @@
 #include "tdc/tensor/module_params.h"
 
 namespace tdc::checkpoint {
-
-// ------------------------------------------------------------------ StateDict
-
-bool StateDict::contains(const std::string& key) const {
-  return std::any_of(entries_.begin(), entries_.end(), [&](const Entry& e) { return e.first == key; });
-}
-
-Value& StateDict::at(const std::string& key) {
-  for (auto& e : entries_) {
-    if (e.first == key) return e.second;
-  }
-  throw std::out_of_range(fmt::format("state dict has no key '{}' ({} keys)", key, entries_.size()));
-}
-
-const Value& StateDict::at(const std::string& key) const { return const_cast<StateDict*>(this)->at(key); }
-
-void StateDict::set(const std::string& key, Value value) {
-  for (auto& e : entries_) {
-    if (e.first == key) {
-      e.second = std::move(value);
-      return;
-    }
-  }
-  entries_.emplace_back(key, std::move(value));
-}
-
-bool StateDict::erase(const std::string& key) {
-  auto it = std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) { return e.first == key; });
-  if (it == entries_.end()) return false;
-  entries_.erase(it);
-  return true;
-}
-
-std::vector<std::string> StateDict::keys() const {
-  std::vector<std::string> out;
-  for (const auto& e : entries_) out.push_back(e.first);
-  return out;
-}
-
-StateDict StateDict::with_prefix(const std::string& prefix) const {
-  StateDict out;
-  for (const auto& [k, v] : entries_) out.entries_.emplace_back(prefix + "." + k, v);
-  return out;
-}
-
-StateDict StateDict::sub(const std::string& prefix) const {
-  StateDict out;
-  const std::string p = prefix + ".";
-  for (const auto& [k, v] : entries_) {
-    if (k.starts_with(p)) out.entries_.emplace_back(k.substr(p.size()), v);
-  }
-  return out;
-}
-
-void StateDict::merge(const StateDict& other) {
-  for (const auto& [k, v] : other.entries_) {
-    if (contains(k)) throw std::invalid_argument(fmt::format("StateDict::merge: key '{}' is in both dicts", k));
-  }
-  for (const auto& e : other.entries_) entries_.push_back(e);
-}
-
-const at::Tensor& as_tensor(const StateDict& sd, const std::string& key) {
-  const Value& v = sd.at(key);
-  if (const auto* t = std::get_if<at::Tensor>(&v)) return *t;
-  throw std::invalid_argument(fmt::format("state dict key '{}' holds a {}, not a tensor", key, detail::kind_name(v)));
-}
-
-const tensor::DTensor& as_dtensor(const StateDict& sd, const std::string& key) {
-  const Value& v = sd.at(key);
-  if (const auto* d = std::get_if<tensor::DTensor>(&v)) return *d;
-  throw std::invalid_argument(fmt::format("state dict key '{}' holds a {}, not a DTensor", key, detail::kind_name(v)));
-}
-
-const at::Tensor& local_tensor(const Value& value) {
-  if (const auto* d = std::get_if<tensor::DTensor>(&value)) return d->to_local();
-  if (const auto* t = std::get_if<at::Tensor>(&value)) return *t;
-  throw std::invalid_argument("tdc::checkpoint: a JSON value has no tensor");
-}
 
 // ------------------------------------------------------------------ model state dict
 

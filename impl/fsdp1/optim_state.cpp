@@ -1,5 +1,4 @@
-// FSDP1 optimizer state in state-dict form (optim_state.h), and FullyShardedDataParallel's
-// optim_state_dict / sharded_optim_state_dict / load_optim_state_dict.
+// FSDP1 optimizer state in state-dict form (tdc/fsdp1/optim_state.h).
 #include "tdc/fsdp1/optim_state.h"
 
 #include <map>
@@ -133,7 +132,7 @@ std::vector<ParamEntries> optimizer_state_entries(FullyShardedDataParallel& root
 }
 
 void write_optimizer_state_entries(FullyShardedDataParallel& root, torch::optim::Optimizer& optim,
-                                   const checkpoint::StateDict& entries) {
+                                   const tensor::StateDict& entries) {
   const std::string who = "FSDP1 optimizer state";
   std::vector<std::function<void()>> writes;  // every value checked and converted first
   for (const auto& us : unit_states(root, optim)) {
@@ -155,32 +154,5 @@ void write_optimizer_state_entries(FullyShardedDataParallel& root, torch::optim:
 }
 
 }  // namespace detail
-
-// ------------------------------------------------------------------ FSDP.optim_state_dict & co
-
-checkpoint::StateDict FullyShardedDataParallel::optim_state_dict(FullyShardedDataParallel& model,
-                                                                 torch::optim::Optimizer& optim) {
-  switch (model.current_state_dict_type()) {
-    case StateDictType::FULL_STATE_DICT:
-      return checkpoint::get_optimizer_state_dict(model, optim, {.full_state_dict = true});
-    case StateDictType::SHARDED_STATE_DICT:
-      return checkpoint::get_optimizer_state_dict(model, optim);
-    case StateDictType::LOCAL_STATE_DICT:
-      break;
-  }
-  throw std::invalid_argument(
-      "FullyShardedDataParallel::optim_state_dict: LOCAL_STATE_DICT has no optimizer state dict form (as in "
-      "PyTorch); use FULL_STATE_DICT or SHARDED_STATE_DICT");
-}
-
-checkpoint::StateDict FullyShardedDataParallel::sharded_optim_state_dict(FullyShardedDataParallel& model,
-                                                                         torch::optim::Optimizer& optim) {
-  return checkpoint::get_optimizer_state_dict(model, optim);
-}
-
-void FullyShardedDataParallel::load_optim_state_dict(FullyShardedDataParallel& model, torch::optim::Optimizer& optim,
-                                                     const checkpoint::StateDict& optim_state_dict) {
-  checkpoint::set_optimizer_state_dict(model, optim, optim_state_dict);
-}
 
 }  // namespace tdc::fsdp1

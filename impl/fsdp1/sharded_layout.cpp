@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "tdc/checkpoint/errors.h"
+#include "tdc/core/checkpoint_error.h"
 #include "unit_state.h"
 
 namespace tdc::fsdp1 {
@@ -80,25 +80,25 @@ tensor::DTensor sharded_entry(FullyShardedDataParallel& unit, const ParamSlot& s
   return tensor::DTensor(d.to_local().clone(), d.spec());
 }
 
-checkpoint::Value full_entry(const ParamSlot& slot, const at::Tensor& value) {
+tensor::StateDictValue full_entry(const ParamSlot& slot, const at::Tensor& value) {
   at::Tensor copy = value.detach().clone();
   if (slot.tp_spec) return tensor::DTensor(copy, *slot.tp_spec);
   return copy;
 }
 
-at::Tensor global_tensor(const checkpoint::Value& value, const std::string& key, const std::string& who) {
+at::Tensor global_tensor(const tensor::StateDictValue& value, const std::string& key, const std::string& who) {
   if (const auto* d = std::get_if<tensor::DTensor>(&value)) return d->full_tensor();
   if (const auto* t = std::get_if<at::Tensor>(&value)) return *t;
-  throw checkpoint::CheckpointError(fmt::format("{}: '{}' holds JSON, not a tensor", who, key));
+  throw core::CheckpointError(fmt::format("{}: '{}' holds JSON, not a tensor", who, key));
 }
 
-at::Tensor slot_value(const checkpoint::Value& value, const ParamSlot& slot, const std::string& key,
+at::Tensor slot_value(const tensor::StateDictValue& value, const ParamSlot& slot, const std::string& key,
                       const std::string& who) {
   const at::Tensor full = global_tensor(value, key, who);
   const std::vector<int64_t> want = slot.tp_spec ? slot.tp_spec->shape : slot.shape;
   if (full.sizes().vec() != want) {
-    throw checkpoint::CheckpointError(fmt::format("{}: '{}' has shape [{}] but the parameter's is [{}]", who, key,
-                                                  fmt::join(full.sizes(), ", "), fmt::join(want, ", ")));
+    throw core::CheckpointError(fmt::format("{}: '{}' has shape [{}] but the parameter's is [{}]", who, key,
+                                            fmt::join(full.sizes(), ", "), fmt::join(want, ", ")));
   }
   if (!slot.tp_spec) return full;
   return tensor::distribute_tensor(full, slot.tp_spec->mesh, slot.tp_spec->placements).to_local();

@@ -7,7 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "flat_param.h"
-#include "tdc/checkpoint/state_dict.h"
+#include "tdc/tensor/state_dict.h"
 #include "tdc/tensor/dtensor.h"
 
 namespace tdc::fsdp1::detail {
@@ -17,14 +17,14 @@ namespace tdc::fsdp1::detail {
 // Collective over the entry's mesh (and the TP mesh).
 tensor::DTensor sharded_entry(FullyShardedDataParallel& unit, const ParamSlot& slot, const at::Tensor& value);
 // The FULL_STATE_DICT entry: a copy of `value`; a TP slot stays TP's DTensor (as PyTorch's FSDP1).
-checkpoint::Value full_entry(const ParamSlot& slot, const at::Tensor& value);
+tensor::StateDictValue full_entry(const ParamSlot& slot, const at::Tensor& value);
 // A state-dict value as its whole (global) tensor: a DTensor gathered (collective), a tensor as is.
 // JSON is CheckpointError "<who>: '<key>' holds JSON, not a tensor".
-at::Tensor global_tensor(const checkpoint::Value& value, const std::string& key, const std::string& who);
+at::Tensor global_tensor(const tensor::StateDictValue& value, const std::string& key, const std::string& who);
 // The inverse of both: any state-dict value for `slot` (a full tensor, a DTensor on any mesh) as
 // the slot's value on this rank (TP's local shard for a TP slot). Throws CheckpointError
 // "<who>: '<key>' ..." when its global shape is not the parameter's. Collective for DTensors.
-at::Tensor slot_value(const checkpoint::Value& value, const ParamSlot& slot, const std::string& key,
+at::Tensor slot_value(const tensor::StateDictValue& value, const ParamSlot& slot, const std::string& key,
                       const std::string& who);
 
 // FullyShardedDataParallel::uses_dtensor_extension for a unit made with `options`.

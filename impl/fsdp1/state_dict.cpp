@@ -2,7 +2,7 @@
 #include "common.h"
 #include "flat_param.h"
 #include "sharded_layout.h"
-#include "tdc/checkpoint/errors.h"
+#include "tdc/core/checkpoint_error.h"
 #include "tdc/tensor/dtensor.h"
 #include "unit_state.h"
 
@@ -69,21 +69,21 @@ void for_each_full_param(FullyShardedDataParallel& root, F&& f) {
   }
 }
 
-void add_buffers(FullyShardedDataParallel& root, checkpoint::StateDict& sd) {
+void add_buffers(FullyShardedDataParallel& root, tensor::StateDict& sd) {
   for (auto& [fqn, b] : persistent_buffers(root)) sd.set(fqn, b.detach().to(original_dtype(root.unit(), b)).clone());
 }
 
-checkpoint::StateDict full_state_dict(FullyShardedDataParallel& root) {
-  checkpoint::StateDict sd;
+tensor::StateDict full_state_dict(FullyShardedDataParallel& root) {
+  tensor::StateDict sd;
   for_each_full_param(root, [&](const std::string& key, const at::Tensor& p, const SlotRef& ref) {
-    sd.set(key, ref.slot ? detail::full_entry(*ref.slot, p) : checkpoint::Value(p.detach().clone()));
+    sd.set(key, ref.slot ? detail::full_entry(*ref.slot, p) : tensor::StateDictValue(p.detach().clone()));
   });
   add_buffers(root, sd);
   return sd;
 }
 
-checkpoint::StateDict sharded_state_dict(FullyShardedDataParallel& root) {
-  checkpoint::StateDict sd;
+tensor::StateDict sharded_state_dict(FullyShardedDataParallel& root) {
+  tensor::StateDict sd;
   for_each_full_param(root, [&](const std::string& key, const at::Tensor& p, const SlotRef& ref) {
     if (!ref.slot) {
       sd.set(key, p.detach().clone());  // not managed (ignored): as is
@@ -95,8 +95,8 @@ checkpoint::StateDict sharded_state_dict(FullyShardedDataParallel& root) {
   return sd;
 }
 
-checkpoint::StateDict local_state_dict(FullyShardedDataParallel& root) {
-  checkpoint::StateDict sd;
+tensor::StateDict local_state_dict(FullyShardedDataParallel& root) {
+  tensor::StateDict sd;
   for (auto& [fqn, u] : detail::named_units(root)) {
     if (!u->unit().handle()) continue;
     sd.set(detail::join_fqn(fqn, detail::kFlatParamName), u->flat_param().detach().clone());
@@ -108,10 +108,10 @@ checkpoint::StateDict local_state_dict(FullyShardedDataParallel& root) {
 // ------------------------------------------------------------------ load
 
 [[noreturn]] void load_error(const std::string& what) {
-  throw checkpoint::CheckpointError(fmt::format("FullyShardedDataParallel::load_state_dict: {}", what));
+  throw core::CheckpointError(fmt::format("FullyShardedDataParallel::load_state_dict: {}", what));
 }
 
-void check_keys(const std::vector<std::pair<std::string, at::Tensor>>& expected, const checkpoint::StateDict& sd,
+void check_keys(const std::vector<std::pair<std::string, at::Tensor>>& expected, const tensor::StateDict& sd,
                 bool strict) {
   std::set<std::string> want;
   std::vector<std::string> missing, unexpected;
@@ -129,7 +129,7 @@ void check_keys(const std::vector<std::pair<std::string, at::Tensor>>& expected,
 }
 
 // The value of an unmanaged tensor (a buffer, an ignored parameter): full, same shape.
-at::Tensor plain_value(const checkpoint::StateDict& sd, const std::string& key, const at::Tensor& target) {
+at::Tensor plain_value(const tensor::StateDict& sd, const std::string& key, const at::Tensor& target) {
   const at::Tensor t = detail::global_tensor(sd.at(key), key, "FullyShardedDataParallel::load_state_dict");
   if (t.sizes() != target.sizes()) {
     load_error(fmt::format("'{}' has shape {} but the model's is {}", key, fmt::format("{}", t.sizes()),
@@ -142,7 +142,7 @@ at::Tensor plain_value(const checkpoint::StateDict& sd, const std::string& key, 
   return t;
 }
 
-void load_full_or_sharded(FullyShardedDataParallel& root, const checkpoint::StateDict& sd, bool strict) {
+void load_full_or_sharded(FullyShardedDataParallel& root, const tensor::StateDict& sd, bool strict) {
   SummonFullParams full(root, {.recurse = true, .writeback = true});
   const auto slots = summoned_slots(root);
   std::vector<std::pair<std::string, at::Tensor>> targets;
@@ -161,7 +161,7 @@ void load_full_or_sharded(FullyShardedDataParallel& root, const checkpoint::Stat
   for (auto& [dst, src] : copies) dst.detach().copy_(src);
 }
 
-void load_local(FullyShardedDataParallel& root, const checkpoint::StateDict& sd, bool strict) {
+void load_local(FullyShardedDataParallel& root, const tensor::StateDict& sd, bool strict) {
   std::vector<std::pair<std::string, at::Tensor>> targets;
   for (auto& [fqn, u] : detail::named_units(root)) {
     if (u->unit().handle()) targets.emplace_back(detail::join_fqn(fqn, detail::kFlatParamName), u->flat_param());
@@ -178,7 +178,7 @@ void load_local(FullyShardedDataParallel& root, const checkpoint::StateDict& sd,
 
 }  // namespace
 
-checkpoint::StateDict FullyShardedDataParallel::state_dict() {
+tensor::StateDict FullyShardedDataParallel::state_dict() {
   unit_->check_idle("state_dict");
   if (!unit_->is_root()) unit_->lazy_init();
   switch (unit_->state_dict_type) {
@@ -192,7 +192,7 @@ checkpoint::StateDict FullyShardedDataParallel::state_dict() {
   return {};
 }
 
-void FullyShardedDataParallel::load_state_dict(const checkpoint::StateDict& state_dict, bool strict) {
+void FullyShardedDataParallel::load_state_dict(const tensor::StateDict& state_dict, bool strict) {
   unit_->check_idle("load_state_dict");
   if (!unit_->is_root()) unit_->lazy_init();
   if (unit_->state_dict_type == StateDictType::LOCAL_STATE_DICT) {

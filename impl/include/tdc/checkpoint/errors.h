@@ -1,16 +1,12 @@
 // What tdc::checkpoint throws for a bad checkpoint or a state dict that does not fit: one type,
 // so callers can tell "this checkpoint is unusable" from programming errors. Messages name the
-// file, the key and the values involved.
+// file, the key and the values involved. (Defined in libtdc's base: FSDP1 throws it too.)
 #pragma once
 
-#include <stdexcept>
-#include <string>
+#include "tdc/core/checkpoint_error.h"
 
 namespace tdc::checkpoint {
 
-class CheckpointError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+using core::CheckpointError;
 
 }  // namespace tdc::checkpoint

@@ -23,52 +23,22 @@
 
 #include "tdc/nn/module.h"
 #include "tdc/tensor/dtensor.h"
+#include "tdc/tensor/state_dict.h"
 
 namespace torch::optim {
 class Optimizer;
 }
+namespace tdc::fsdp1 {
+class FullyShardedDataParallel;
+}
 
 namespace tdc::checkpoint {
 
-using Value = std::variant<at::Tensor, tensor::DTensor, nlohmann::json>;
-
-class StateDict {
- public:
-  using Entry = std::pair<std::string, Value>;
-  StateDict() = default;
-
-  bool empty() const { return entries_.empty(); }
-  size_t size() const { return entries_.size(); }
-  bool contains(const std::string& key) const;
-  // Throws std::out_of_range naming the key.
-  Value& at(const std::string& key);
-  const Value& at(const std::string& key) const;
-  // Inserts at the end, or replaces the value of an existing key in place.
-  void set(const std::string& key, Value value);
-  bool erase(const std::string& key);
-  std::vector<std::string> keys() const;
-
-  // Nesting as DCP flattens it: with_prefix("model") has "model.<key>" for every key; sub("model")
-  // is the reverse (the entries under "model.", prefix removed). Tensor handles are shared.
-  StateDict with_prefix(const std::string& prefix) const;
-  StateDict sub(const std::string& prefix) const;
-  // Adds every entry of `other` (keys must not exist yet: std::invalid_argument naming one).
-  void merge(const StateDict& other);
-
-  auto begin() { return entries_.begin(); }
-  auto end() { return entries_.end(); }
-  auto begin() const { return entries_.begin(); }
-  auto end() const { return entries_.end(); }
-
- private:
-  std::vector<Entry> entries_;
-};
-
-// Convenience accessors (std::invalid_argument naming the key and the kind it holds).
-const at::Tensor& as_tensor(const StateDict& sd, const std::string& key);
-const tensor::DTensor& as_dtensor(const StateDict& sd, const std::string& key);
-// The entry's local tensor (a DTensor's local shard, or the tensor).
-const at::Tensor& local_tensor(const Value& value);
+using Value = tensor::StateDictValue;
+using tensor::as_dtensor;
+using tensor::as_tensor;
+using tensor::local_tensor;
+using tensor::StateDict;
 
 struct StateDictOptions {
   // get: gather every sharded entry into a full tensor. set: the given dict holds full tensors
@@ -120,5 +90,22 @@ std::pair<StateDict, StateDict> get_state_dict(nn::Module& model, torch::optim::
                                                const StateDictOptions& options = {});
 void set_state_dict(nn::Module& model, torch::optim::Optimizer& optim, const StateDict& model_state_dict,
                     const StateDict& optim_state_dict, const StateDictOptions& options = {});
+
+// PyTorch's FSDP1 optimizer state-dict calls, which are this API's optimizer state dicts for a
+// model whose root is an FSDP1 wrapper. In PyTorch they are static methods of FSDP; here they live
+// beside the API they use, so that FSDP1 stays below it ([Note: libtdc's layering]).
+// `optim` must step the tree's params() (flat parameters or original views); Adam, AdamW, SGD.
+// Collective over every unit's group.
+//   fsdp1_optim_state_dict (FSDP.optim_state_dict): by `model`'s state_dict_type: FULL -> full
+//     tensors on every rank, SHARDED -> DTensors laid out as the parameters' sharded entries
+//     (LOCAL_STATE_DICT: std::invalid_argument).
+//   fsdp1_sharded_optim_state_dict (FSDP.sharded_optim_state_dict): always the SHARDED form.
+//   fsdp1_load_optim_state_dict (FSDP.optim_state_dict_to_load + optim.load_state_dict in one): any
+//     of those forms (DTensors on any mesh are gathered); checks every key, shape and group first
+//     (CheckpointError naming them) and changes nothing when one is wrong.
+StateDict fsdp1_optim_state_dict(fsdp1::FullyShardedDataParallel& model, torch::optim::Optimizer& optim);
+StateDict fsdp1_sharded_optim_state_dict(fsdp1::FullyShardedDataParallel& model, torch::optim::Optimizer& optim);
+void fsdp1_load_optim_state_dict(fsdp1::FullyShardedDataParallel& model, torch::optim::Optimizer& optim,
+                                 const StateDict& optim_state_dict);
 
 }  // namespace tdc::checkpoint

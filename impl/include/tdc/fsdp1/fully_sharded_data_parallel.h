@@ -33,7 +33,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
-#include "tdc/checkpoint/state_dict.h"
+#include "tdc/tensor/state_dict.h"
 #include "tdc/comm/process_group.h"
 #include "tdc/device_mesh.h"
 #include "tdc/fsdp1/wrap.h"
@@ -191,10 +191,10 @@ class FullyShardedDataParallel : public nn::Module {
   // Sets the type of every unit in `module`'s tree until changed again (FSDP.set_state_dict_type).
   static void set_state_dict_type(nn::Module& module, StateDictType type);
   StateDictType current_state_dict_type() const;
-  checkpoint::StateDict state_dict();
+  tensor::StateDict state_dict();
   // Loads what state_dict() of the same type returned. Checks every key, dtype and shape first
-  // (checkpoint::CheckpointError naming them) and changes nothing when one is wrong.
-  void load_state_dict(const checkpoint::StateDict& state_dict, bool strict = true);
+  // (core::CheckpointError naming them) and changes nothing when one is wrong.
+  void load_state_dict(const tensor::StateDict& state_dict, bool strict = true);
 
   // PyTorch's `_fsdp_extension` is a DTensorExtensions: device_mesh is a slice of a larger mesh
   // (mesh["dp"] of a ("dp", "tp") mesh), so the unit's parameters may be TP's local shards and its
@@ -202,20 +202,9 @@ class FullyShardedDataParallel : public nn::Module {
   // made on its own and a 2-D mesh given whole.
   bool uses_dtensor_extension() const;
 
-  // Optimizer state dicts keyed by the original parameters' FQNs, in tdc::checkpoint's form
-  // ("state.<fqn>.<name>", "state.<fqn>.step", "param_groups" JSON). `optim` must step this tree's
-  // params() (flat parameters or original views); Adam, AdamW, SGD. Collective over every unit's group.
-  //   optim_state_dict: by `model`'s state_dict_type: FULL -> full tensors on every rank,
-  //     SHARDED -> DTensors laid out as the parameters' sharded entries (LOCAL: std::invalid_argument).
-  //   sharded_optim_state_dict: always the SHARDED form (FSDP.sharded_optim_state_dict).
-  //   load_optim_state_dict: FSDP.optim_state_dict_to_load + optim.load_state_dict in one: any of
-  //     those forms (DTensors on any mesh are gathered); checks every key, shape and group first
-  //     (checkpoint::CheckpointError naming them) and changes nothing when one is wrong.
-  static checkpoint::StateDict optim_state_dict(FullyShardedDataParallel& model, torch::optim::Optimizer& optim);
-  static checkpoint::StateDict sharded_optim_state_dict(FullyShardedDataParallel& model,
-                                                        torch::optim::Optimizer& optim);
-  static void load_optim_state_dict(FullyShardedDataParallel& model, torch::optim::Optimizer& optim,
-                                    const checkpoint::StateDict& optim_state_dict);
+  // PyTorch's FSDP.optim_state_dict, FSDP.sharded_optim_state_dict and FSDP.optim_state_dict_to_load
+  // are checkpoint::fsdp1_optim_state_dict & co (tdc/checkpoint/state_dict.h): they are the
+  // state-dict API's optimizer state dicts, and FSDP1 stays below that API (docs/decisions.md).
 
   // Internal: the runtime behind the wrapper.
   UnitState& unit() const { return *unit_; }

@@ -1,9 +1,8 @@
 // FSDP1 optimizer state in state-dict form: the state of flat parameters (or of the original
 // parameters' shard views) converted to and from per-original-parameter entries laid out as the
 // parameters' sharded state-dict entries. tdc::checkpoint's optimizer state dict calls these for
-// models whose root is an FSDP1 wrapper, through this public header. (The edge the other way,
-// fsdp1 -> checkpoint, is still there: the StateDict type, and FSDP1's optim_state_dict calls
-// that delegate to the state-dict API; cmake/Layering.cmake lists it as the one tolerated.)
+// models whose root is an FSDP1 wrapper, through this public header; FSDP1 knows nothing of the
+// state-dict API ([Note: libtdc's layering]).
 #pragma once
 
 #include <string>
@@ -12,7 +11,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "tdc/checkpoint/state_dict.h"
+#include "tdc/tensor/state_dict.h"
 #include "tdc/fsdp1/fully_sharded_data_parallel.h"
 
 namespace tdc::fsdp1::detail {
@@ -29,7 +28,7 @@ std::vector<OptimizerParam> optimizer_params(FullyShardedDataParallel& root);
 // sharded state-dict entries (fresh copies; [Note: FSDP1 sharded state-dict layout]). Collective.
 struct ParamEntries {
   std::string fqn;
-  std::vector<std::pair<std::string, checkpoint::Value>> tensors;
+  std::vector<std::pair<std::string, tensor::StateDictValue>> tensors;
 };
 std::vector<ParamEntries> optimizer_state_entries(FullyShardedDataParallel& root, torch::optim::Optimizer& optim);
 
@@ -37,6 +36,6 @@ std::vector<ParamEntries> optimizer_state_entries(FullyShardedDataParallel& root
 // keys keep their state) into the optimizer's state tensors. Collective; the entries are checked
 // (shapes) before anything is written.
 void write_optimizer_state_entries(FullyShardedDataParallel& root, torch::optim::Optimizer& optim,
-                                   const checkpoint::StateDict& entries);
+                                   const tensor::StateDict& entries);
 
 }  // namespace tdc::fsdp1::detail
