@@ -36,7 +36,11 @@ Progress::Progress(int total) : total_(total) {
 
 double Progress::elapsed_s() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
 
-std::string Progress::counters() const { return fmt::format("pass {} fail {} skip {}", pass_, fail_, skip_); }
+std::string Progress::counters() const {
+  std::string s = fmt::format("pass {} fail {} skip {}", pass_, fail_, skip_);
+  if (xfail_ > 0) s += fmt::format(" xfail {}", xfail_);
+  return s;
+}
 
 void Progress::clear_line() {
   if (tty_ && line_shown_) {
@@ -74,8 +78,10 @@ void Progress::test_ended(const std::string& id, Status status, double duration_
   ++done_;
   switch (status) {
     case Status::Pass:
-    case Status::XFail:
       ++pass_;
+      break;
+    case Status::XFail:  // a known failure: neither a pass nor a new failure
+      ++xfail_;
       break;
     case Status::Skip:
     case Status::NotSupported:

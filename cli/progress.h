@@ -33,7 +33,7 @@ class Progress {
   bool tty_;
   int width_ = 100;
   int total_;
-  int done_ = 0, pass_ = 0, fail_ = 0, skip_ = 0;
+  int done_ = 0, pass_ = 0, fail_ = 0, skip_ = 0, xfail_ = 0;
   std::string binary_, current_;
   Clock::time_point start_ = Clock::now(), test_start_ = Clock::now(), last_heartbeat_ = Clock::now();
   bool line_shown_ = false;

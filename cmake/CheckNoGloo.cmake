@@ -3,14 +3,9 @@
 # instantiated from other headers (Debian's libgloo-dev) and exported from tdc's library could
 # interpose on LibTorch's copy at run time, with another class layout.
 #   cmake -DLIB=<shared library> -P CheckNoGloo.cmake    fails naming the symbols it finds
-if(NOT LIB OR NOT EXISTS "${LIB}")
-  message(FATAL_ERROR "CheckNoGloo: LIB='${LIB}' does not exist")
-endif()
-find_program(NM nm REQUIRED)
-execute_process(COMMAND ${NM} -D --defined-only -C "${LIB}" OUTPUT_VARIABLE syms RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "CheckNoGloo: nm failed on ${LIB} (exit ${rc})")
-endif()
+include(${CMAKE_CURRENT_LIST_DIR}/ElfInspect.cmake)
+tdc_elf_require(LIB CheckNoGloo)
+tdc_elf_defined_symbols("${LIB}" CheckNoGloo syms)
 string(REGEX MATCHALL "[^\n]*gloo::[^\n]*" found "${syms}")
 list(LENGTH found n)
 if(n GREATER 0)

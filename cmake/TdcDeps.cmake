@@ -1,4 +1,4 @@
-# Third-party dependencies, gathered into one interface target: tdc_deps.
+# Third-party dependencies, gathered into two interface targets: tdc_deps and tdc_test_deps.
 find_package(Torch REQUIRED)
 find_package(GTest REQUIRED)
 find_package(nlohmann_json REQUIRED)
@@ -61,9 +61,11 @@ else()
   set(TDC_YAML_CPP yaml-cpp)
 endif()
 
+# tdc_deps: what every tdc target links (libtdc included): LibTorch, nlohmann-json, threads, fmt.
+# tdc_test_deps adds GoogleTest, for the harness and what links it (test binaries, the CLI, the
+# benchmarks): libtdc knows no test framework, and a program that links libtdc gets none.
 add_library(tdc_deps INTERFACE)
-target_link_libraries(tdc_deps INTERFACE ${TORCH_LIBRARIES} GTest::gtest GTest::gmock
-  nlohmann_json::nlohmann_json Threads::Threads)
+target_link_libraries(tdc_deps INTERFACE ${TORCH_LIBRARIES} nlohmann_json::nlohmann_json Threads::Threads)
 target_compile_definitions(tdc_deps INTERFACE FMT_HEADER_ONLY=1)
 # [Note: libstdc++ before LibTorch] PyTorch 2.11's wheels export pieces of a static libstdc++ from
 # libtorch.so (64 std::filesystem symbols among 148 of namespace std; 2.12 and 2.14 export 72 std
@@ -74,3 +76,6 @@ target_compile_definitions(tdc_deps INTERFACE FMT_HEADER_ONLY=1)
 # tdc binary and library therefore names libstdc++ first; CTest tdc_link_order checks it.
 target_link_options(tdc_deps INTERFACE "LINKER:--push-state,--no-as-needed" "-lstdc++" "LINKER:--pop-state")
 target_compile_options(tdc_deps INTERFACE -fPIC -Wall -Wno-unused-parameter -Wno-sign-compare)
+
+add_library(tdc_test_deps INTERFACE)
+target_link_libraries(tdc_test_deps INTERFACE tdc_deps GTest::gtest GTest::gmock)

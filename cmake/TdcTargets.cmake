@@ -2,6 +2,9 @@
 # in tdc_suites.json for `tdc run`) and the files the CLI reads from the build directory.
 
 # ---------------------------------------------------------------- the shared PCH
+# LibTorch, c10d, fmt, nlohmann-json: no GoogleTest (libtdc uses it too, and knows no test
+# framework). Test TUs include gtest.h themselves; GoogleTest's GTEST_HAS_PTHREAD definition on
+# their command line does not invalidate the PCH, which has nothing of gtest's.
 add_library(tdc_pch OBJECT ${CMAKE_CURRENT_LIST_DIR}/pch.cpp)
 target_link_libraries(tdc_pch PUBLIC tdc_deps)
 target_precompile_headers(tdc_pch PRIVATE ${CMAKE_CURRENT_LIST_DIR}/pch.h)
@@ -23,7 +26,7 @@ function(tdc_test_binary name kind)
   endif()
 endfunction()
 
-# A program that is not a test binary (benchmarks): same PCH and -rdynamic (stack traces).
+# A program that is not a test binary (benchmarks, examples): same PCH and -rdynamic (stack traces).
 function(tdc_program name)
   add_executable(${name} ${ARGN})
   tdc_use_pch(${name})

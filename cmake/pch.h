@@ -1,4 +1,5 @@
-// The one shared precompiled header (see docs/decisions.md, "Build").
+// The one shared precompiled header (see docs/decisions.md, "Build"); no GoogleTest: libtdc
+// uses it too.
 // Only heavy, stable third-party headers belong here; never tdc headers.
 #pragma once
 #include <algorithm>
@@ -32,6 +33,4 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <gtest/gtest.h>
-#include <gtest/gtest-spi.h>
 #include <nlohmann/json.hpp>

@@ -96,8 +96,6 @@ std::optional<Range> intersect(const std::vector<int64_t>& a_off, const std::vec
   return r;
 }
 
-std::string shape_str(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
-
 comm::GroupPtr resolve_group(const comm::GroupPtr& group) {
   if (group) return group;
   return comm::is_initialized() ? comm::default_group() : nullptr;

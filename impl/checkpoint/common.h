@@ -14,6 +14,7 @@
 
 #include "tdc/checkpoint/state_dict.h"
 #include "tdc/comm/process_group.h"
+#include "tdc/tensor/detail/layout.h"
 
 namespace tdc::checkpoint::detail {
 
@@ -41,7 +42,7 @@ struct Range {
 std::optional<Range> intersect(const std::vector<int64_t>& a_off, const std::vector<int64_t>& a_size,
                                const std::vector<int64_t>& b_off, const std::vector<int64_t>& b_size);
 
-std::string shape_str(const std::vector<int64_t>& shape);
+using tensor::detail::shape_str;  // "[2, 3]"
 
 // Strict JSON (nlohmann's default: UTF-8 checked, no comments, no trailing commas) nesting at
 // most `max_depth` levels and refusing an object with a key twice (json::parse would keep the last

@@ -3,6 +3,7 @@
 #include "reducer.h"
 
 #include "tdc/comm/argument_checks.h"
+#include "tdc/tensor/detail/layout.h"
 
 #include <cstring>
 #include <map>
@@ -43,7 +44,7 @@ class ReadyHook : public torch::autograd::FunctionPostHook {
   size_t index_;
 };
 
-std::string shape_of(const at::Tensor& t) { return fmt::format("[{}]", fmt::join(t.sizes(), ", ")); }
+std::string shape_of(const at::Tensor& t) { return tensor::detail::shape_str(t.sizes().vec()); }
 
 // One line per parameter / buffer: "<kind> <fqn> <dtype> <shape>".
 struct Entry {
