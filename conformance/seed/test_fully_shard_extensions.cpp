@@ -236,7 +236,9 @@ void _test_all_gather_extensions_end_to_end(int version, bool reshard_after_forw
   // sharded parameter is a real TwoTensor, both parts trained).
   for (const auto& fqn : weight_fqns(*model)) {
     conformance::TwoParts p = conformance::two_parts(tensor::param_dtensor(*model, fqn)->to_local(), "end_to_end");
-    if (p.a.numel() > 0) EXPECT_TRUE(conformance::assert_not_equal(p.a, p.b)) << fqn;
+    if (p.a.numel() > 0) {
+      EXPECT_TRUE(conformance::assert_not_equal(p.a, p.b)) << fqn;
+    }
   }
   EXPECT_GT(hooks.post_calls_without_out, 0);
   if (reshard_after_forward) {
