@@ -52,9 +52,10 @@ void Progress::clear_line() {
 void Progress::redraw() {
   if (!tty_) return;
   std::string line = fmt::format("[{}/{}] {}  {}", done_, total_, clock_text(elapsed_s()), counters());
-  if (!current_.empty()) {
-    double t = std::chrono::duration<double>(Clock::now() - test_start_).count();
-    line += fmt::format("  {} ({:.0f} s)", current_, t);
+  if (auto [id, since] = longest_running(); !id.empty()) {
+    double t = std::chrono::duration<double>(Clock::now() - since).count();
+    line += fmt::format("  {} ({:.0f} s)", id, t);
+    if (running_.size() > 1) line += fmt::format(" +{} more", running_.size() - 1);
   }
   if (static_cast<int>(line.size()) > width_ - 1) line = line.substr(0, width_ - 4) + "...";
   std::fputs(("\r\x1b[K" + line).c_str(), stderr);
@@ -62,15 +63,21 @@ void Progress::redraw() {
   line_shown_ = true;
 }
 
-void Progress::binary_started(const std::string& binary) {
-  binary_ = binary;
-  if (!tty_) note(fmt::format("running {}", binary));
+std::pair<std::string, Progress::Clock::time_point> Progress::longest_running() const {
+  std::pair<std::string, Clock::time_point> out{"", Clock::now()};
+  for (const auto& [id, since] : running_)
+    if (out.first.empty() || since < out.second) out = {id, since};
+  return out;
+}
+
+void Progress::binary_started(const std::string& label, int tests) {
+  if (!tty_) note(fmt::format("running {} ({} test{})", label, tests, tests == 1 ? "" : "s"));
   redraw();
 }
 
 void Progress::test_started(const std::string& id) {
-  current_ = id;
-  test_start_ = last_heartbeat_ = Clock::now();
+  running_[id] = Clock::now();
+  if (running_.size() == 1) last_heartbeat_ = Clock::now();
   redraw();
 }
 
@@ -90,7 +97,7 @@ void Progress::test_ended(const std::string& id, Status status, double duration_
     default:
       ++fail_;
   }
-  if (id == current_) current_.clear();
+  running_.erase(id);
   bool failed = harness::is_failure(status);
   if (tty_) {
     if (failed)
@@ -117,12 +124,15 @@ void Progress::tick() {
     redraw();
     return;
   }
-  if (current_.empty()) return;
+  auto [id, since] = longest_running();
+  if (id.empty()) return;
   auto now = Clock::now();
-  if (std::chrono::duration<double>(now - last_heartbeat_).count() >= kHeartbeatS) {
+  if (std::chrono::duration<double>(now - last_heartbeat_).count() >= kHeartbeatS &&
+      std::chrono::duration<double>(now - since).count() >= kHeartbeatS) {
     last_heartbeat_ = now;
-    double t = std::chrono::duration<double>(now - test_start_).count();
-    note(fmt::format("[{}/{}] still running {} ({:.0f} s)  | {} {}", done_, total_, current_, t,
+    double t = std::chrono::duration<double>(now - since).count();
+    std::string others = running_.size() > 1 ? fmt::format(" (+{} more)", running_.size() - 1) : "";
+    note(fmt::format("[{}/{}] still running {} ({:.0f} s){}  | {} {}", done_, total_, id, t, others,
                      clock_text(elapsed_s()), counters()));
   }
 }

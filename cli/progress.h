@@ -1,9 +1,12 @@
 // Live progress of `tdc run` on stderr. On a terminal: one line redrawn with \r (done/total,
 // elapsed, pass/fail/skip, current test), with failures printed above it as they happen.
 // Otherwise (CI logs): one line per finished test, plus a heartbeat while a test runs long.
+// Several tests may run at once ([Note: tests side by side]): the line shows the one running
+// longest and how many others run beside it.
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <string>
 
 #include "tdc/harness/results.h"
@@ -13,7 +16,8 @@ namespace tdc::cli {
 class Progress {
  public:
   explicit Progress(int total);
-  void binary_started(const std::string& binary);
+  // A test process started: `label` names the binary (and its shard), `tests` how many it runs.
+  void binary_started(const std::string& label, int tests);
   void test_started(const std::string& id);
   void test_ended(const std::string& id, harness::Status status, double duration_s, const std::string& message);
   // A line for the log / terminal, printed above the progress line.
@@ -34,8 +38,11 @@ class Progress {
   int width_ = 100;
   int total_;
   int done_ = 0, pass_ = 0, fail_ = 0, skip_ = 0, xfail_ = 0;
-  std::string binary_, current_;
-  Clock::time_point start_ = Clock::now(), test_start_ = Clock::now(), last_heartbeat_ = Clock::now();
+  // The test running longest: running_'s earliest start ("" when none runs).
+  std::pair<std::string, Clock::time_point> longest_running() const;
+
+  std::map<std::string, Clock::time_point> running_;  // test id -> when it started
+  Clock::time_point start_ = Clock::now(), last_heartbeat_ = Clock::now();
   bool line_shown_ = false;
 };
 

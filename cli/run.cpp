@@ -10,9 +10,13 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <deque>
+#include <memory>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <thread>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -22,6 +26,7 @@
 #include "progress.h"
 #include "implementation_library.h"
 #include "report/report.h"
+#include "shards.h"
 #include "summary.h"
 #include "tdc/harness/results.h"
 
@@ -58,7 +63,10 @@ const std::vector<OptionSpec> kRunOptions = {
     {"check", nullptr, "after writing, re-read results.json and junit.xml and validate both"},
     {"repeat", "N", "run every selected test N times; one whose status differs is FLAKY (a failure)"},
     {"suites", "A,B", "only these test binaries, in this order (names as in tdc_suites.json)"},
-    {"stop-on-failure", nullptr, "run no further binary once one had a failing test (tdc mutate)"},
+    {"stop-on-failure", nullptr, "start no further test process once one had a failing test (tdc mutate)"},
+    {"jobs", "N",
+     "test processes at once (default: 3 per CPU, at most 8; 1 on cuda and with --launcher env;\n"
+     "                                   [Note: tests side by side] in cli/shards.h)"},
     {"no-report", nullptr, "do not write DIR/report.html and DIR/report.md (tdc report RUN --out DIR)"},
 };
 
@@ -96,6 +104,7 @@ struct Options {
   std::optional<fs::path> impl;     // --impl
   std::vector<std::string> suites;  // --suites, in order
   bool stop_on_failure = false;
+  int jobs = 1;
   std::string backend = "gloo", device = "cpu", launcher = "fork";
 };
 
@@ -180,6 +189,16 @@ Options parse_options(const ParsedArgs& a) {
   o.check = a.has("check");
   o.no_report = a.has("no-report");
   if (auto v = a.get("repeat")) o.repeat = parse_positive_int(cmd, "repeat", *v);
+  o.jobs = default_jobs(o.device, o.launcher, std::thread::hardware_concurrency());
+  if (auto v = a.get("jobs")) {
+    o.jobs = parse_positive_int(cmd, "jobs", *v);
+    // Every rank's `tdc run` under an external launcher must start the same test at the same time.
+    if (o.launcher == "env" && o.jobs > 1)
+      throw UsageError(
+          fmt::format("run: --jobs {} with --launcher env: ranks started by an external launcher "
+                      "run one test at a time (--jobs 1)",
+                      o.jobs));
+  }
   return o;
 }
 
@@ -274,44 +293,56 @@ struct BinaryOutcome {
   bool died_in_test = false;  // crashed or was killed while running a test, without results
 };
 
-class BinaryRunner {
+// One test process: a binary run over some of its tests (a shard, [Note: tests side by side]),
+// driven without blocking so that several run at once: start(), then service() whenever its event
+// pipe is readable or a poll times out, until it returns true; then finish().
+class ShardRunner {
  public:
-  BinaryRunner(const Options& o, Progress& progress) : o_(o), progress_(progress) {}
+  // `label`: the binary's name, plus ".shard<k>" when split, ".rep<k>" when repeated and
+  // ".resume<k>" when started again after a death (one log and one raw results file each).
+  ShardRunner(const Options& o, Progress& progress, Binary part, std::string label)
+      : o_(o), progress_(progress), b_(std::move(part)), label_(std::move(label)) {}
+  ShardRunner(const ShardRunner&) = delete;
+  ShardRunner& operator=(const ShardRunner&) = delete;
+  ~ShardRunner() {
+    if (ev_ >= 0) ::close(ev_);
+  }
 
-  // `label`: the binary's name, plus ".rep<k>" when tests are repeated (one log per repeat).
-  BinaryOutcome run(const Binary& b, const std::string& label) {
-    fs::path raw = o_.out / "raw" / (label + ".json");
-    fs::path log = o_.out / "logs" / (label + ".log");
+  const Binary& part() const { return b_; }
+  const std::string& label() const { return label_; }
+  fs::path log() const { return o_.out / "logs" / (label_ + ".log"); }
+  int event_fd() const { return pipe_open_ ? ev_ : -1; }
+
+  void start() {
+    raw_ = o_.out / "raw" / (label_ + ".json");
     std::error_code ec;
-    fs::remove(raw, ec);
-
-    int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    fs::remove(raw_, ec);
+    int log_fd = ::open(log().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (log_fd < 0)
-      throw std::runtime_error(fmt::format("cannot create log '{}': {}", log.string(), std::strerror(errno)));
+      throw std::runtime_error(fmt::format("cannot create log '{}': {}", log().string(), std::strerror(errno)));
     int ev[2];
     if (::pipe2(ev, O_CLOEXEC) != 0) {
       ::close(log_fd);
       throw std::runtime_error(fmt::format("pipe: {}", std::strerror(errno)));
     }
     constexpr int kChildEventsFd = 3;
-    std::vector<std::string> argv = {b.path.string(), "--gtest_filter=" + (b.filter.empty() ? o_.filter : b.filter),
-                                     "--tdc_results=" + raw.string(),
+    std::vector<std::string> argv = {b_.path.string(), "--gtest_filter=" + (b_.filter.empty() ? o_.filter : b_.filter),
+                                     "--tdc_results=" + raw_.string(),
                                      fmt::format("--tdc_events_fd={}", kChildEventsFd)};
     argv.insert(argv.end(), o_.forwarded.begin(), o_.forwarded.end());
     {
-      std::ofstream header(log, std::ios::app);
+      std::ofstream header(log(), std::ios::app);
       header << "$ " << fmt::format("{}", fmt::join(argv, " ")) << "\n";
     }
     ::lseek(log_fd, 0, SEEK_END);
 
-    progress_.binary_started(b.name);
+    progress_.binary_started(label_, static_cast<int>(b_.tests.size()));
     SpawnOptions so;
     so.argv = argv;
     so.stdout_fd = so.stderr_fd = log_fd;
     so.extra_fds = {{ev[1], kChildEventsFd}};
-    Child child;
     try {
-      child = Child::spawn(so);
+      child_ = Child::spawn(so);
     } catch (...) {
       ::close(log_fd);
       ::close(ev[0]);
@@ -320,52 +351,52 @@ class BinaryRunner {
     }
     ::close(log_fd);
     ::close(ev[1]);
-    ::fcntl(ev[0], F_SETFL, O_NONBLOCK);
+    ev_ = ev[0];
+    ::fcntl(ev_, F_SETFL, O_NONBLOCK);
+    t0_ = last_event_ = std::chrono::steady_clock::now();
+  }
 
-    auto t0 = std::chrono::steady_clock::now();
-    auto last_event = t0;
-    bool pipe_open = true, idle_killed = false, was_interrupted = false;
-    std::string buf;
-    ended_.clear();
-    running_.reset();
-    for (;;) {
-      if (pipe_open) {
-        pollfd p{ev[0], POLLIN, 0};
-        ::poll(&p, 1, 200);
-        size_t before = buf.size();
-        pipe_open = drain(ev[0], buf);
-        if (consume_lines(buf) || buf.size() != before) last_event = std::chrono::steady_clock::now();
-      } else {
-        ::usleep(100 * 1000);
-      }
-      if (interrupted()) {
-        was_interrupted = true;
-        child.terminate(3);
-        break;
-      }
-      if (child.poll()) {
-        drain(ev[0], buf);
-        consume_lines(buf);
-        break;
-      }
-      double idle = std::chrono::duration<double>(std::chrono::steady_clock::now() - last_event).count();
-      if (idle > o_.idle_timeout_s) {
-        idle_killed = true;
-        progress_.note(fmt::format("{}: no test event for {:.0f} s; killing it", b.name, idle));
-        child.terminate(5);
-        break;
-      }
-      progress_.tick();
+  // Reads what the child reported; true once it has exited or was killed (idle).
+  bool service() {
+    if (pipe_open_) {
+      size_t before = buf_.size();
+      pipe_open_ = drain(ev_, buf_);
+      if (consume_lines(buf_) || buf_.size() != before) last_event_ = std::chrono::steady_clock::now();
     }
-    ::close(ev[0]);
-    int status = child.wait();
-    double duration = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (child.left_processes())
+    if (child_.poll()) {
+      drain(ev_, buf_);
+      consume_lines(buf_);
+      return true;
+    }
+    double idle = std::chrono::duration<double>(std::chrono::steady_clock::now() - last_event_).count();
+    if (idle > o_.idle_timeout_s) {
+      idle_killed_ = true;
+      progress_.note(fmt::format("{}: no test event for {:.0f} s; killing it", label_, idle));
+      child_.terminate(5);
+      return true;
+    }
+    return false;
+  }
+
+  // The run was interrupted: stop the child (its group), keep what it reported.
+  void interrupt() {
+    was_interrupted_ = true;
+    child_.terminate(3);
+  }
+
+  BinaryOutcome finish() {
+    const Binary& b = b_;
+    const fs::path raw = raw_, log = this->log();
+    const bool idle_killed = idle_killed_, was_interrupted = was_interrupted_;
+    ::close(ev_);
+    ev_ = -1;
+    int status = child_.wait();
+    double duration = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    if (child_.left_processes())
       progress_.note(
           fmt::format("warning: {} left processes running in its process group after "
                       "it exited; tdc killed them",
-                      b.name));
-
+                      label_));
     BinaryOutcome out;
     out.interrupted = was_interrupted;
     std::string results_error;
@@ -409,6 +440,7 @@ class BinaryRunner {
       add_with_log(make_record(suite, name, crash_status, t,
                                fmt::format("{} {} while running this test ({}); log {}:\n{}", b.name, how,
                                            results_error, log.string(), tail)));
+      progress_.test_ended(*running_, crash_status, t, out.tests.back().message);
       ++reported;
       out.died_in_test = !was_interrupted;
     }
@@ -462,6 +494,14 @@ class BinaryRunner {
 
   const Options& o_;
   Progress& progress_;
+  Binary b_;
+  std::string label_;
+  fs::path raw_;
+  Child child_;
+  int ev_ = -1;
+  bool pipe_open_ = true, idle_killed_ = false, was_interrupted_ = false;
+  std::string buf_;
+  std::chrono::steady_clock::time_point t0_, last_event_;
   std::vector<EventEnd> ended_;
   std::optional<std::string> running_;
   std::chrono::steady_clock::time_point running_since_;
@@ -581,6 +621,156 @@ std::vector<std::string> tests_not_reported(const Binary& b, const BinaryOutcome
   return left;
 }
 
+namespace {
+
+// Test id -> duration in an earlier results.json (none when there is no readable one): how
+// shards are balanced ([Note: tests side by side]).
+std::map<std::string, double> previous_durations(const fs::path& results_json) {
+  std::map<std::string, double> out;
+  std::error_code ec;
+  if (!fs::is_regular_file(results_json, ec)) return out;
+  try {
+    for (const TestResult& t : harness::read_results(results_json).tests)
+      if (t.duration_s > 0) out[t.id] = t.duration_s;
+  } catch (const std::exception&) {
+    // An unreadable earlier run only costs the balance, never the run.
+  }
+  return out;
+}
+
+struct ShardOutcome {
+  size_t binary = 0;
+  int shard = 0, resume = 0;  // for a deterministic merge order
+  BinaryOutcome outcome;
+  fs::path log;
+};
+
+// A shard in flight, and how to name its next process if it has to be started again.
+struct Slot {
+  std::unique_ptr<ShardRunner> runner;
+  size_t binary = 0;
+  int shard = 0, resume = 0;
+  std::string base_label;
+};
+
+std::string join_filter(const std::vector<std::string>& tests) { return fmt::format("{}", fmt::join(tests, ":")); }
+
+// Runs repeat `rep` of the plan, up to o.jobs processes at once; returns every process's outcome.
+// With --stop-on-failure no further shard starts once one reported a failing test; those running
+// finish. An interruption stops them all and keeps what they reported.
+std::vector<ShardOutcome> run_shards(const Options& o, Progress& progress, const std::vector<Binary>& binaries,
+                                     const std::vector<Shard>& plan, int rep, bool& was_interrupted) {
+  std::deque<Slot> queue;
+  for (const Shard& sh : plan) {
+    const Binary& b = binaries[sh.binary];
+    Binary part = b;
+    if (sh.of > 1) {
+      part.tests = sh.tests;
+      part.filter = join_filter(sh.tests);
+    }
+    std::string label = b.name;
+    if (sh.of > 1) label += fmt::format(".shard{}", sh.index + 1);
+    if (o.repeat > 1) label += fmt::format(".rep{}", rep + 1);
+    queue.push_back(
+        Slot{std::make_unique<ShardRunner>(o, progress, std::move(part), label), sh.binary, sh.index, 0, label});
+  }
+  std::vector<ShardOutcome> outcomes;
+  std::vector<Slot> running;
+  bool stop = false;
+  while (!running.empty() || (!queue.empty() && !stop && !was_interrupted)) {
+    while (!stop && !was_interrupted && static_cast<int>(running.size()) < o.jobs && !queue.empty()) {
+      running.push_back(std::move(queue.front()));
+      queue.pop_front();
+      running.back().runner->start();
+    }
+    std::vector<pollfd> fds;
+    for (const Slot& s : running)
+      if (int fd = s.runner->event_fd(); fd >= 0) fds.push_back({fd, POLLIN, 0});
+    if (fds.empty())
+      ::usleep(100 * 1000);
+    else
+      ::poll(fds.data(), fds.size(), 200);
+    const bool interrupt_now = interrupted() != 0 && !was_interrupted;
+    if (interrupt_now) {
+      was_interrupted = true;
+      for (Slot& s : running) s.runner->interrupt();
+    }
+    for (size_t i = 0; i < running.size();) {
+      Slot& s = running[i];
+      if (!interrupt_now && !s.runner->service()) {
+        ++i;
+        continue;
+      }
+      ShardOutcome done{s.binary, s.shard, s.resume, s.runner->finish(), s.runner->log()};
+      const Binary& part = s.runner->part();
+      // [Note: one death costs one test] A process that dies inside a test (a crash of the
+      // process that runs the ranks: the thread launcher, or a bug in the harness itself) is
+      // started again for the tests it had not reported, each time in its own log
+      // (LABEL.resumeK.log), until every test of the shard has a record.
+      const std::vector<std::string> left = tests_not_reported(part, done.outcome);
+      const bool go_on =
+          done.outcome.died_in_test && !done.outcome.interrupted && !left.empty() && left.size() < part.tests.size();
+      if (o.stop_on_failure && !stop &&
+          std::any_of(done.outcome.tests.begin(), done.outcome.tests.end(),
+                      [](const TestResult& t) { return harness::is_failure(t.status); })) {
+        stop = true;
+        if (!queue.empty())
+          fmt::print(stderr, "tdc run: a test failed in {}; starting no further test process (--stop-on-failure)\n",
+                     s.runner->label());
+      }
+      outcomes.push_back(std::move(done));
+      if (go_on && !was_interrupted) {
+        progress.note(fmt::format("{} died in a test; starting it again for its {} remaining tests", s.runner->label(),
+                                  left.size()));
+        Binary rest = part;
+        rest.tests = left;
+        rest.filter = join_filter(left);
+        ++s.resume;
+        s.runner = std::make_unique<ShardRunner>(o, progress, std::move(rest),
+                                                 fmt::format("{}.resume{}", s.base_label, s.resume));
+        s.runner->start();
+        ++i;
+        continue;
+      }
+      running.erase(running.begin() + static_cast<long>(i));
+    }
+    progress.tick();
+  }
+  return outcomes;
+}
+
+// The records of one repeat in the binaries' order, each binary's tests in listed order, then
+// the records a binary made of itself ("(binary)"), shard by shard: the same results.json
+// whatever --jobs was and whichever shard ended first.
+std::vector<TestResult> merge_shards(const std::vector<Binary>& binaries, std::vector<ShardOutcome>& outcomes,
+                                     std::map<std::string, fs::path>& log_of) {
+  std::stable_sort(outcomes.begin(), outcomes.end(), [](const ShardOutcome& a, const ShardOutcome& b) {
+    return std::tie(a.binary, a.shard, a.resume) < std::tie(b.binary, b.shard, b.resume);
+  });
+  std::vector<TestResult> out;
+  for (size_t bi = 0; bi < binaries.size(); ++bi) {
+    std::map<std::string, TestResult> listed;
+    std::vector<TestResult> other;
+    for (ShardOutcome& r : outcomes) {
+      if (r.binary != bi) continue;
+      const std::set<std::string> wanted(binaries[bi].tests.begin(), binaries[bi].tests.end());
+      for (TestResult& t : r.outcome.tests) {
+        if (!r.outcome.with_log_tail.count(t.id)) log_of[t.id] = r.log;
+        if (wanted.count(t.id) && !listed.count(t.id))
+          listed.emplace(t.id, std::move(t));
+        else
+          other.push_back(std::move(t));
+      }
+    }
+    for (const std::string& id : binaries[bi].tests)
+      if (auto it = listed.find(id); it != listed.end()) out.push_back(std::move(it->second));
+    for (TestResult& t : other) out.push_back(std::move(t));
+  }
+  return out;
+}
+
+}  // namespace
+
 int run_command(const std::vector<std::string>& args) {
   ParsedArgs a = parse_args("run", kRunOptions, args, false);
   if (a.help) {
@@ -605,6 +795,11 @@ int run_command(const std::vector<std::string>& args) {
     std::error_code ec;
     fs::create_directories(o.out / sub, ec);
     if (ec) throw UsageError(fmt::format("cannot create '{}': {}", (o.out / sub).string(), ec.message()));
+    // An earlier run's files would be read as this run's (the report indexes every log there),
+    // and another --jobs names its shards differently.
+    const std::string ext = std::string(sub) == "logs" ? ".log" : ".json";
+    for (fs::directory_iterator it(o.out / sub, ec), end; !ec && it != end; it.increment(ec))
+      if (it->is_regular_file() && it->path().extension() == ext) fs::remove(it->path(), ec);
   }
 
   // Count first, so progress can say done/total. A binary that cannot list is a failure.
@@ -637,68 +832,43 @@ int run_command(const std::vector<std::string>& args) {
              total, binaries.size(), o.filter, o.backend, o.device, o.launcher, o.out.string());
 
   if (o.repeat > 1) fmt::print(stderr, "tdc run: every test {} times (--repeat)\n", o.repeat);
+  // [Note: tests side by side] (cli/shards.h)
+  std::vector<std::vector<std::string>> lists;
+  for (const Binary& b : binaries) lists.push_back(b.tests);
+  const std::vector<Shard> plan = plan_shards(lists, o.jobs, previous_durations(o.out / "results.json"));
+  if (o.jobs > 1)
+    fmt::print(stderr, "tdc run: {} test processes, up to {} at once (--jobs {})\n", plan.size(), o.jobs, o.jobs);
   Progress progress(total * o.repeat);
   RunResults merged;
   std::map<std::string, fs::path> log_of;  // test id -> log of its binary
   bool was_interrupted = interrupted() != 0;
   bool from_binaries = false;  // run_info came from at least one binary's results
   std::vector<std::vector<TestResult>> repeats(o.repeat);
-  int rep = 0;
-  // One run of a binary: its records, and what its results say about the run.
-  auto absorb = [&](BinaryOutcome& r, const fs::path& log) {
-    for (auto& t : r.tests) {
-      if (!r.with_log_tail.count(t.id)) log_of[t.id] = log;
-      repeats[rep].push_back(std::move(t));
+  // What a binary's results say about the run.
+  auto absorb_run_info = [&](const BinaryOutcome& r) {
+    if (!r.results) return;
+    from_binaries = true;
+    const auto& ri = r.results->run_info;
+    auto& mi = merged.run_info;
+    if (mi.implementation_version.empty()) {
+      mi.implementation = ri.implementation;
+      mi.implementation_version = ri.implementation_version;
+      mi.implementation_library = ri.implementation_library;
     }
-    if (r.results) {
-      from_binaries = true;
-      const auto& ri = r.results->run_info;
-      auto& mi = merged.run_info;
-      if (mi.implementation_version.empty()) {
-        mi.implementation = ri.implementation;
-        mi.implementation_version = ri.implementation_version;
-        mi.implementation_library = ri.implementation_library;
-      }
-      if (mi.libtorch_version.empty()) mi.libtorch_version = ri.libtorch_version;
-      if (mi.libtorch_cuda.empty()) mi.libtorch_cuda = ri.libtorch_cuda;
-      if (mi.nccl_version.empty()) mi.nccl_version = ri.nccl_version;
-      if (mi.compiler.empty()) mi.compiler = ri.compiler;
-      mi.world_size = std::max(mi.world_size, ri.world_size);
-      if (!ri.backend.empty()) mi.backend = ri.backend;
-      if (!ri.device.empty()) mi.device = ri.device;
-      if (!ri.launcher.empty()) mi.launcher = ri.launcher;
-    }
-    was_interrupted = r.interrupted || interrupted();
+    if (mi.libtorch_version.empty()) mi.libtorch_version = ri.libtorch_version;
+    if (mi.libtorch_cuda.empty()) mi.libtorch_cuda = ri.libtorch_cuda;
+    if (mi.nccl_version.empty()) mi.nccl_version = ri.nccl_version;
+    if (mi.compiler.empty()) mi.compiler = ri.compiler;
+    mi.world_size = std::max(mi.world_size, ri.world_size);
+    if (!ri.backend.empty()) mi.backend = ri.backend;
+    if (!ri.device.empty()) mi.device = ri.device;
+    if (!ri.launcher.empty()) mi.launcher = ri.launcher;
   };
-  for (; rep < o.repeat && !was_interrupted; ++rep) {
-    for (const Binary& b : binaries) {
-      if (was_interrupted) break;
-      if (b.tests.empty()) continue;
-      BinaryRunner runner(o, progress);
-      const std::string base_label = o.repeat > 1 ? fmt::format("{}.rep{}", b.name, rep + 1) : b.name;
-      // [Note: one death costs one test] A binary that dies inside a test (a crash of the process
-      // that runs the ranks: the thread launcher, or a bug in the harness itself) is started again
-      // for the tests it had not reported, each time in its own log (NAME.resumeK.log), until
-      // every listed test has a record.
-      Binary part = b;
-      for (int resume = 0;; ++resume) {
-        const std::string label = resume ? fmt::format("{}.resume{}", base_label, resume) : base_label;
-        BinaryOutcome r = runner.run(part, label);
-        const std::vector<std::string> left = tests_not_reported(part, r);
-        const bool go_on = r.died_in_test && !r.interrupted && !left.empty() && left.size() < part.tests.size();
-        absorb(r, o.out / "logs" / (label + ".log"));
-        if (was_interrupted || !go_on) break;
-        progress.note(
-            fmt::format("{} died in a test; starting it again for its {} remaining tests", b.name, left.size()));
-        part.tests = left;
-        part.filter = fmt::format("{}", fmt::join(left, ":"));
-      }
-      if (o.stop_on_failure && std::any_of(repeats[rep].begin(), repeats[rep].end(),
-                                           [](const TestResult& t) { return harness::is_failure(t.status); })) {
-        fmt::print(stderr, "tdc run: stopping after {} (--stop-on-failure)\n", b.name);
-        break;
-      }
-    }
+  for (int rep = 0; rep < o.repeat && !was_interrupted; ++rep) {
+    std::vector<ShardOutcome> outcomes = run_shards(o, progress, binaries, plan, rep, was_interrupted);
+    for (const ShardOutcome& r : outcomes) absorb_run_info(r.outcome);
+    for (TestResult& t : merge_shards(binaries, outcomes, log_of))
+      repeats[static_cast<size_t>(rep)].push_back(std::move(t));
   }
   if (o.repeat == 1) {
     for (auto& t : repeats[0]) records.push_back(std::move(t));
