@@ -64,6 +64,9 @@ const std::vector<OptionSpec> kRunOptions = {
     {"repeat", "N", "run every selected test N times; one whose status differs is FLAKY (a failure)"},
     {"suites", "A,B", "only these test binaries, in this order (names as in tdc_suites.json)"},
     {"stop-on-failure", nullptr, "start no further test process once one had a failing test (tdc mutate)"},
+    {"durations", "FILE",
+     "balance the shards by the test durations in FILE (a results.json; default: DIR/results.json\n"
+     "                                   of the previous run, when there is one)"},
     {"jobs", "N",
      "test processes at once (default: 3 per CPU, at most 8; 1 on cuda and with --launcher env;\n"
      "                                   [Note: tests side by side] in cli/shards.h)"},
@@ -105,6 +108,7 @@ struct Options {
   std::vector<std::string> suites;  // --suites, in order
   bool stop_on_failure = false;
   int jobs = 1;
+  std::optional<fs::path> durations;  // --durations
   std::string backend = "gloo", device = "cpu", launcher = "fork";
 };
 
@@ -189,6 +193,10 @@ Options parse_options(const ParsedArgs& a) {
   o.check = a.has("check");
   o.no_report = a.has("no-report");
   if (auto v = a.get("repeat")) o.repeat = parse_positive_int(cmd, "repeat", *v);
+  if (auto v = a.get("durations")) {
+    if (!fs::is_regular_file(*v)) throw UsageError(fmt::format("run: --durations '{}' is not a file", *v));
+    o.durations = fs::absolute(*v);
+  }
   o.jobs = default_jobs(o.device, o.launcher, std::thread::hardware_concurrency());
   if (auto v = a.get("jobs")) {
     o.jobs = parse_positive_int(cmd, "jobs", *v);
@@ -835,7 +843,8 @@ int run_command(const std::vector<std::string>& args) {
   // [Note: tests side by side] (cli/shards.h)
   std::vector<std::vector<std::string>> lists;
   for (const Binary& b : binaries) lists.push_back(b.tests);
-  const std::vector<Shard> plan = plan_shards(lists, o.jobs, previous_durations(o.out / "results.json"));
+  const std::vector<Shard> plan =
+      plan_shards(lists, o.jobs, previous_durations(o.durations.value_or(o.out / "results.json")), !o.suites.empty());
   if (o.jobs > 1)
     fmt::print(stderr, "tdc run: {} test processes, up to {} at once (--jobs {})\n", plan.size(), o.jobs, o.jobs);
   Progress progress(total * o.repeat);

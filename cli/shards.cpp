@@ -51,7 +51,7 @@ std::vector<Shard> deal(size_t binary, const std::vector<std::string>& tests, co
 }  // namespace
 
 std::vector<Shard> plan_shards(const std::vector<std::vector<std::string>>& tests, int jobs,
-                               const std::map<std::string, double>& expected_s) {
+                               const std::map<std::string, double>& expected_s, bool binary_order) {
   if (jobs < 1) throw std::invalid_argument("plan_shards: jobs must be at least 1");
   const double unknown = median_of(expected_s);
   std::vector<Shard> shards;
@@ -68,10 +68,13 @@ std::vector<Shard> plan_shards(const std::vector<std::vector<std::string>>& test
     const int k = std::min({jobs, static_cast<int>(list.size()), by_time});
     for (auto& s : deal(b, list, cost, k)) shards.push_back(std::move(s));
   }
-  // --jobs 1 keeps the binaries' order; otherwise the longest shards start first.
+  // --jobs 1 keeps the binaries' order; otherwise the longest shards start first (within each
+  // binary only, with binary_order).
   if (jobs > 1)
-    std::stable_sort(shards.begin(), shards.end(),
-                     [](const Shard& a, const Shard& b) { return a.expected_s > b.expected_s; });
+    std::stable_sort(shards.begin(), shards.end(), [&](const Shard& a, const Shard& b) {
+      if (binary_order && a.binary != b.binary) return a.binary < b.binary;
+      return a.expected_s > b.expected_s;
+    });
   return shards;
 }
 

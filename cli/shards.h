@@ -13,8 +13,10 @@
 //     tests count as the median known duration, or 1 s), so the shards of a binary end together.
 //   - A binary gets at most --jobs shards, and no more than one per 2 s of expected time: a
 //     shard costs a process start and LibTorch's load (about 0.5 s).
-//   - The shards start longest first; results are merged back in the binaries' listed order, so
-//     results.json does not depend on --jobs or on which shard finished first.
+//   - The shards start longest first (with --suites, the binaries in the order given, each one's
+//     shards longest first: tdc mutate names the suites likeliest to fail first); results are
+//     merged back in the binaries' listed order, so results.json does not depend on --jobs or on
+//     which shard finished first.
 //   - --jobs 1 is the old behaviour exactly: one process per binary, binaries in order.
 #pragma once
 
@@ -32,9 +34,10 @@ struct Shard {
 };
 
 // `tests[b]`: binary b's listed tests. `expected_s`: test id -> duration of an earlier run.
-// Returns the shards in the order to start them. Throws std::invalid_argument for jobs < 1.
+// Returns the shards in the order to start them: longest first, or with `binary_order` the
+// binaries in order and each one's shards longest first. Throws std::invalid_argument for jobs < 1.
 std::vector<Shard> plan_shards(const std::vector<std::vector<std::string>>& tests, int jobs,
-                               const std::map<std::string, double>& expected_s);
+                               const std::map<std::string, double>& expected_s, bool binary_order = false);
 
 // --jobs when not given: 1 on CUDA (ranks share the GPUs) and under an external launcher (every
 // rank's `tdc run` must start the same test at the same time); else 3 per CPU, at most 8.

@@ -105,7 +105,8 @@ std::vector<std::string> ordered(const std::vector<std::string>& binaries, const
 // One `tdc run` over `binaries` (stopping at the first failing one) against `lib` (none: the
 // reference), output to dir/run.log; the first failing test from its results.json.
 StageResult run_stage(const fs::path& build, const std::vector<std::string>& binaries,
-                      const std::optional<fs::path>& lib, const fs::path& dir, double timeout_s) {
+                      const std::optional<fs::path>& lib, const fs::path& dir, double timeout_s,
+                      const std::optional<fs::path>& durations = std::nullopt) {
   StageResult r;
   if (binaries.empty()) return r;
   r.ran = true;
@@ -128,6 +129,8 @@ StageResult run_stage(const fs::path& build, const std::vector<std::string>& bin
                                    dir.string(),
                                    "--no-report"};
   if (lib) argv.insert(argv.end(), {"--impl", lib->string()});
+  // The baseline's durations balance the mutant's shards ([Note: tests side by side]).
+  if (durations && fs::is_regular_file(*durations)) argv.insert(argv.end(), {"--durations", durations->string()});
   int fd = ::open((dir / "run.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   auto t0 = std::chrono::steady_clock::now();
   Child child = Child::spawn({argv, fd, fd, {}});
@@ -289,8 +292,11 @@ int mutate_command(const std::vector<std::string>& args) {
       o.build_log = built.log;
       std::ofstream(dir / "build.log") << built.log;
     } else {
-      o.seed = run_stage(build, ordered(plan.seed, &m, smoke), built.library, dir / "seed", timeout_s);
-      if (!o.seed.killed) o.own = run_stage(build, ordered(plan.own, &m, smoke), built.library, dir / "tdc", timeout_s);
+      o.seed = run_stage(build, ordered(plan.seed, &m, smoke), built.library, dir / "seed", timeout_s,
+                         out / "baseline" / "seed" / "results.json");
+      if (!o.seed.killed)
+        o.own = run_stage(build, ordered(plan.own, &m, smoke), built.library, dir / "tdc", timeout_s,
+                          out / "baseline" / "tdc" / "results.json");
       o.status = o.seed.killed ? "killed-by-seed" : o.own.killed ? "killed-by-tdc" : "survived";
     }
     const StageResult& k = o.seed.killed ? o.seed : o.own;

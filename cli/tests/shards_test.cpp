@@ -62,6 +62,11 @@ TEST(Shards, LongTestsAreSpreadAndStartFirst) {
   }
   std::vector<Shard> small = plan_shards({list, names("Q", 2)}, 4, took);
   EXPECT_GT(small.front().expected_s, small.back().expected_s) << "the longest shard starts first";
+  // --suites: the binaries in the order given, each one's shards longest first.
+  std::vector<Shard> ordered = plan_shards({names("Q", 2), list}, 4, took, true);
+  ASSERT_EQ(ordered.size(), 5u);
+  EXPECT_EQ(ordered.front().binary, 0u);
+  for (size_t i = 2; i < ordered.size(); ++i) EXPECT_GE(ordered[i - 1].expected_s, ordered[i].expected_s);
 }
 
 TEST(Shards, ShortBinariesAreNotSplit) {
