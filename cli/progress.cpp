@@ -112,6 +112,11 @@ void Progress::test_ended(const std::string& id, Status status, double duration_
   }
 }
 
+void Progress::test_stopped(const std::string& id) {
+  running_.erase(id);
+  redraw();
+}
+
 void Progress::note(const std::string& line) {
   clear_line();
   fmt::print(stderr, "{}\n", line);

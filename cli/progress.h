@@ -20,6 +20,8 @@ class Progress {
   void binary_started(const std::string& label, int tests);
   void test_started(const std::string& id);
   void test_ended(const std::string& id, harness::Status status, double duration_s, const std::string& message);
+  // A test whose process tdc stopped (--stop-on-failure): no longer running, counted nowhere.
+  void test_stopped(const std::string& id);
   // A line for the log / terminal, printed above the progress line.
   void note(const std::string& line);
   void tick();    // call a few times a second: redraws the elapsed time / heartbeat

@@ -63,7 +63,7 @@ const std::vector<OptionSpec> kRunOptions = {
     {"check", nullptr, "after writing, re-read results.json and junit.xml and validate both"},
     {"repeat", "N", "run every selected test N times; one whose status differs is FLAKY (a failure)"},
     {"suites", "A,B", "only these test binaries, in this order (names as in tdc_suites.json)"},
-    {"stop-on-failure", nullptr, "start no further test process once one had a failing test (tdc mutate)"},
+    {"stop-on-failure", nullptr, "stop every test process once one had a failing test (tdc mutate)"},
     {"durations", "FILE",
      "balance the shards by the test durations in FILE (a results.json; default: DIR/results.json\n"
      "                                   of the previous run, when there is one)"},
@@ -77,7 +77,7 @@ constexpr const char* kRunUsage =
     "usage: tdc run [options]\n\n"
     "Runs the conformance suite (test binaries of kind 'conformance' in tdc_suites.json; the\n"
     "unit suites when there are none yet) with live progress, then writes DIR/results.json,\n"
-    "DIR/junit.xml and DIR/logs/<binary>.log and prints a per-suite summary; then the report a\n"
+    "DIR/junit.xml and DIR/logs/<binary>[.shard<k>].log and prints a per-suite summary; then the report a\n"
     "person reads, DIR/report.html and DIR/report.md (as `tdc report DIR --out DIR` writes it).\n"
     "Exit status: 0 when no test has a failure status (FAIL, XPASS, TIMEOUT, CRASH), 1 otherwise\n"
     "(also when no test matches the filter), 2 on a usage or setup error, 130 when interrupted.\n"
@@ -108,7 +108,8 @@ struct Options {
   std::vector<std::string> suites;  // --suites, in order
   bool stop_on_failure = false;
   int jobs = 1;
-  std::optional<fs::path> durations;  // --durations
+  std::optional<fs::path> durations;          // --durations
+  std::optional<std::string> implementation;  // --implementation
   std::string backend = "gloo", device = "cpu", launcher = "fork";
 };
 
@@ -163,7 +164,10 @@ Options parse_options(const ParsedArgs& a) {
     if (!fs::is_regular_file(*v)) throw UsageError(fmt::format("run: --backend-lib '{}' is not a file", *v));
     o.forwarded.push_back("--tdc_backend_lib=" + fs::absolute(*v).string());
   }
-  if (auto v = a.get("implementation")) o.forwarded.push_back("--tdc_implementation=" + *v);
+  if (auto v = a.get("implementation")) {
+    o.implementation = *v;
+    o.forwarded.push_back("--tdc_implementation=" + *v);
+  }
   if (auto v = a.get("impl")) o.impl = fs::absolute(*v);
   if (auto v = a.get("suites")) {
     std::stringstream in(*v);
@@ -317,6 +321,8 @@ class ShardRunner {
   }
 
   const Binary& part() const { return b_; }
+  // Whether the event stream reported a test with a failure status.
+  bool saw_failure() const { return saw_failure_; }
   const std::string& label() const { return label_; }
   fs::path log() const { return o_.out / "logs" / (label_ + ".log"); }
   int event_fd() const { return pipe_open_ ? ev_ : -1; }
@@ -364,8 +370,14 @@ class ShardRunner {
     t0_ = last_event_ = std::chrono::steady_clock::now();
   }
 
-  // Reads what the child reported; true once it has exited or was killed (idle).
+  // [Note: how a test process ends] A process ends one way, set once (end_as): it exited by
+  // itself, tdc killed it for going quiet (--idle-timeout), the run was interrupted, or
+  // --stop-on-failure stopped it. finish() makes the records from that ending.
+  enum class Ending { kRunning, kExited, kIdleKilled, kInterrupted, kStopped };
+
+  // Reads what the child reported; true once it has ended.
   bool service() {
+    if (ending_ != Ending::kRunning) return true;
     if (pipe_open_) {
       size_t before = buf_.size();
       pipe_open_ = drain(ev_, buf_);
@@ -374,11 +386,12 @@ class ShardRunner {
     if (child_.poll()) {
       drain(ev_, buf_);
       consume_lines(buf_);
+      end_as(Ending::kExited);
       return true;
     }
     double idle = std::chrono::duration<double>(std::chrono::steady_clock::now() - last_event_).count();
     if (idle > o_.idle_timeout_s) {
-      idle_killed_ = true;
+      end_as(Ending::kIdleKilled);
       progress_.note(fmt::format("{}: no test event for {:.0f} s; killing it", label_, idle));
       child_.terminate(5);
       return true;
@@ -388,14 +401,25 @@ class ShardRunner {
 
   // The run was interrupted: stop the child (its group), keep what it reported.
   void interrupt() {
-    was_interrupted_ = true;
+    if (ending_ != Ending::kRunning) return;
+    end_as(Ending::kInterrupted);
+    child_.terminate(3);
+  }
+
+  // Another process had a failing test under --stop-on-failure: stop this one (its group). Its
+  // finished tests keep their records; the test it was running gets none (it neither passed nor
+  // failed), and neither does the process itself.
+  void stop_early() {
+    if (ending_ != Ending::kRunning) return;
+    end_as(Ending::kStopped);
     child_.terminate(3);
   }
 
   BinaryOutcome finish() {
     const Binary& b = b_;
     const fs::path raw = raw_, log = this->log();
-    const bool idle_killed = idle_killed_, was_interrupted = was_interrupted_;
+    if (ending_ == Ending::kRunning) throw std::logic_error("ShardRunner::finish: " + label_ + " has not ended");
+    const bool idle_killed = ending_ == Ending::kIdleKilled, was_interrupted = ending_ == Ending::kInterrupted;
     ::close(ev_);
     ev_ = -1;
     int status = child_.wait();
@@ -407,6 +431,14 @@ class ShardRunner {
                       label_));
     BinaryOutcome out;
     out.interrupted = was_interrupted;
+    if (ending_ == Ending::kStopped) {
+      for (const EventEnd& e : ended_) {
+        auto [suite, name] = split_id(e.id);
+        out.tests.push_back(make_record(suite, name, e.status, e.duration_s, e.message));
+      }
+      if (running_) progress_.test_stopped(*running_);
+      return out;
+    }
     std::string results_error;
     if (fs::exists(raw)) {
       try {
@@ -463,6 +495,13 @@ class ShardRunner {
   }
 
  private:
+  void end_as(Ending e) {
+    if (ending_ != Ending::kRunning)
+      throw std::logic_error(fmt::format("ShardRunner {}: ending {} after ending {}", label_, static_cast<int>(e),
+                                         static_cast<int>(ending_)));
+    ending_ = e;
+  }
+
   // Handles complete JSON lines in buf; returns whether any line was consumed.
   bool consume_lines(std::string& buf) {
     bool any = false;
@@ -487,6 +526,7 @@ class ShardRunner {
           end.duration_s = e.value("duration_s", 0.0);
           end.message = e.value("message", std::string());
           progress_.test_ended(id, end.status, end.duration_s, end.message);
+          saw_failure_ = saw_failure_ || harness::is_failure(end.status);
           ended_.push_back(std::move(end));
           if (running_ == id) running_.reset();
         }
@@ -507,7 +547,8 @@ class ShardRunner {
   fs::path raw_;
   Child child_;
   int ev_ = -1;
-  bool pipe_open_ = true, idle_killed_ = false, was_interrupted_ = false;
+  bool pipe_open_ = true, saw_failure_ = false;
+  Ending ending_ = Ending::kRunning;
   std::string buf_;
   std::chrono::steady_clock::time_point t0_, last_event_;
   std::vector<EventEnd> ended_;
@@ -664,8 +705,9 @@ struct Slot {
 std::string join_filter(const std::vector<std::string>& tests) { return fmt::format("{}", fmt::join(tests, ":")); }
 
 // Runs repeat `rep` of the plan, up to o.jobs processes at once; returns every process's outcome.
-// With --stop-on-failure no further shard starts once one reported a failing test; those running
-// finish. An interruption stops them all and keeps what they reported.
+// With --stop-on-failure no further shard starts once one reported a failing test, and those
+// running are stopped (their finished tests keep their records). An interruption stops them all
+// and keeps what they reported.
 std::vector<ShardOutcome> run_shards(const Options& o, Progress& progress, const std::vector<Binary>& binaries,
                                      const std::vector<Shard>& plan, int rep, bool& was_interrupted) {
   std::deque<Slot> queue;
@@ -685,6 +727,12 @@ std::vector<ShardOutcome> run_shards(const Options& o, Progress& progress, const
   std::vector<ShardOutcome> outcomes;
   std::vector<Slot> running;
   bool stop = false;
+  // --stop-on-failure: a test failed in `where`; no process starts, every running one stops.
+  auto stop_all = [&](const std::string& where) {
+    stop = true;
+    fmt::print(stderr, "tdc run: a test failed in {}; stopping every test process (--stop-on-failure)\n", where);
+    for (Slot& other : running) other.runner->stop_early();
+  };
   while (!running.empty() || (!queue.empty() && !stop && !was_interrupted)) {
     while (!stop && !was_interrupted && static_cast<int>(running.size()) < o.jobs && !queue.empty()) {
       running.push_back(std::move(queue.front()));
@@ -705,29 +753,31 @@ std::vector<ShardOutcome> run_shards(const Options& o, Progress& progress, const
     }
     for (size_t i = 0; i < running.size();) {
       Slot& s = running[i];
-      if (!interrupt_now && !s.runner->service()) {
+      bool done = s.runner->service();
+      if (o.stop_on_failure && !stop && s.runner->saw_failure()) {
+        stop_all(s.runner->label());
+        done = true;
+      }
+      if (!done) {
         ++i;
         continue;
       }
-      ShardOutcome done{s.binary, s.shard, s.resume, s.runner->finish(), s.runner->log()};
+      ShardOutcome finished{s.binary, s.shard, s.resume, s.runner->finish(), s.runner->log()};
       const Binary& part = s.runner->part();
       // [Note: one death costs one test] A process that dies inside a test (a crash of the
       // process that runs the ranks: the thread launcher, or a bug in the harness itself) is
       // started again for the tests it had not reported, each time in its own log
       // (LABEL.resumeK.log), until every test of the shard has a record.
-      const std::vector<std::string> left = tests_not_reported(part, done.outcome);
-      const bool go_on =
-          done.outcome.died_in_test && !done.outcome.interrupted && !left.empty() && left.size() < part.tests.size();
+      const std::vector<std::string> left = tests_not_reported(part, finished.outcome);
+      const bool go_on = finished.outcome.died_in_test && !finished.outcome.interrupted && !left.empty() &&
+                         left.size() < part.tests.size();
+      // A failure the event stream did not carry (the process died): stop the others too.
       if (o.stop_on_failure && !stop &&
-          std::any_of(done.outcome.tests.begin(), done.outcome.tests.end(),
-                      [](const TestResult& t) { return harness::is_failure(t.status); })) {
-        stop = true;
-        if (!queue.empty())
-          fmt::print(stderr, "tdc run: a test failed in {}; starting no further test process (--stop-on-failure)\n",
-                     s.runner->label());
-      }
-      outcomes.push_back(std::move(done));
-      if (go_on && !was_interrupted) {
+          std::any_of(finished.outcome.tests.begin(), finished.outcome.tests.end(),
+                      [](const TestResult& t) { return harness::is_failure(t.status); }))
+        stop_all(s.runner->label());
+      outcomes.push_back(std::move(finished));
+      if (go_on && !was_interrupted && !stop) {
         progress.note(fmt::format("{} died in a test; starting it again for its {} remaining tests", s.runner->label(),
                                   left.size()));
         Binary rest = part;
@@ -779,40 +829,38 @@ std::vector<TestResult> merge_shards(const std::vector<Binary>& binaries, std::v
 
 }  // namespace
 
-int run_command(const std::vector<std::string>& args) {
-  ParsedArgs a = parse_args("run", kRunOptions, args, false);
-  if (a.help) {
-    fmt::print("{}{}", kRunUsage, format_options(kRunOptions));
-    return kExitOk;
-  }
-  Options o = parse_options(a);
-  std::string started_at = harness::iso_now();
-  auto t0 = std::chrono::steady_clock::now();
+namespace {
 
-  std::vector<Binary> binaries = select_binaries(o);
-  if (o.impl) {
-    ImplementationDescriptor d = use_implementation(*o.impl, o.out / "impl");
-    fmt::print(stderr, "tdc run: implementation {} {} from {} ({} features)\n", d.name, d.version, o.impl->string(),
-               d.features.size());
-  }
-  preflight(binaries, o);
-  // The binaries put it in their own run_info too.
-  std::string revision = git_revision(resolve_source_dir(o.build));
-  ::setenv("TDC_SUITE_REVISION", revision.c_str(), 1);
+// [Note: a run's steps] `tdc run` is a pipeline: select -> preflight -> prepare -> list -> run ->
+// assemble -> write -> verdict. Each step below is one function; what flows between them is the
+// Options, the binaries (with their listed tests), the records, and what the tests reported.
+
+// What running the tests produced (step "run").
+struct TestsRun {
+  std::vector<TestResult> records;
+  std::map<std::string, fs::path> log_of;  // test id -> the log that holds it
+  std::vector<harness::RunInfo> reported;  // run_info of every binary results file
+  bool interrupted = false;
+};
+
+// step "prepare": the output folders, without an earlier run's logs and raw results (they would
+// be read as this run's: the report indexes every log there, and another --jobs names its shards
+// differently).
+void prepare_out_dir(const Options& o) {
   for (const char* sub : {"logs", "raw"}) {
     std::error_code ec;
     fs::create_directories(o.out / sub, ec);
     if (ec) throw UsageError(fmt::format("cannot create '{}': {}", (o.out / sub).string(), ec.message()));
-    // An earlier run's files would be read as this run's (the report indexes every log there),
-    // and another --jobs names its shards differently.
     const std::string ext = std::string(sub) == "logs" ? ".log" : ".json";
     for (fs::directory_iterator it(o.out / sub, ec), end; !ec && it != end; it.increment(ec))
       if (it->is_regular_file() && it->path().extension() == ext) fs::remove(it->path(), ec);
   }
+}
 
-  // Count first, so progress can say done/total. A binary that cannot list is a failure.
+// step "list": each binary's tests (into b.tests). A binary that does not exist or cannot list
+// its tests becomes a CRASH record, returned.
+std::vector<TestResult> list_tests(std::vector<Binary>& binaries, const Options& o) {
   std::vector<TestResult> records;
-  int total = 0;
   for (Binary& b : binaries) {
     if (!fs::exists(b.path)) {
       records.push_back(make_record(b.name, "(binary)", Status::Crash, 0,
@@ -832,109 +880,159 @@ int run_command(const std::vector<std::string>& args) {
       continue;
     }
     b.tests = parse_test_list(c.output);
+  }
+  return records;
+}
+
+// step "run": every repeat of the listed tests, as shards side by side ([Note: tests side by
+// side]), merged back in listed order (and over repeats).
+TestsRun run_tests(const Options& o, const std::vector<Binary>& binaries) {
+  int total = 0;
+  std::vector<std::vector<std::string>> lists;
+  for (const Binary& b : binaries) {
+    lists.push_back(b.tests);
     total += static_cast<int>(b.tests.size());
   }
-  fmt::print(stderr,
-             "tdc run: {} tests in {} binaries (filter '{}', backend {}, device {}, "
-             "launcher {}) -> {}\n",
+  fmt::print(stderr, "tdc run: {} tests in {} binaries (filter '{}', backend {}, device {}, launcher {}) -> {}\n",
              total, binaries.size(), o.filter, o.backend, o.device, o.launcher, o.out.string());
-
   if (o.repeat > 1) fmt::print(stderr, "tdc run: every test {} times (--repeat)\n", o.repeat);
-  // [Note: tests side by side] (cli/shards.h)
-  std::vector<std::vector<std::string>> lists;
-  for (const Binary& b : binaries) lists.push_back(b.tests);
   const std::vector<Shard> plan =
       plan_shards(lists, o.jobs, previous_durations(o.durations.value_or(o.out / "results.json")), !o.suites.empty());
   if (o.jobs > 1)
     fmt::print(stderr, "tdc run: {} test processes, up to {} at once (--jobs {})\n", plan.size(), o.jobs, o.jobs);
-  Progress progress(total * o.repeat);
-  RunResults merged;
-  std::map<std::string, fs::path> log_of;  // test id -> log of its binary
-  bool was_interrupted = interrupted() != 0;
-  bool from_binaries = false;  // run_info came from at least one binary's results
-  std::vector<std::vector<TestResult>> repeats(o.repeat);
-  // What a binary's results say about the run.
-  auto absorb_run_info = [&](const BinaryOutcome& r) {
-    if (!r.results) return;
-    from_binaries = true;
-    const auto& ri = r.results->run_info;
-    auto& mi = merged.run_info;
-    if (mi.implementation_version.empty()) {
-      mi.implementation = ri.implementation;
-      mi.implementation_version = ri.implementation_version;
-      mi.implementation_library = ri.implementation_library;
-    }
-    if (mi.libtorch_version.empty()) mi.libtorch_version = ri.libtorch_version;
-    if (mi.libtorch_cuda.empty()) mi.libtorch_cuda = ri.libtorch_cuda;
-    if (mi.nccl_version.empty()) mi.nccl_version = ri.nccl_version;
-    if (mi.compiler.empty()) mi.compiler = ri.compiler;
-    mi.world_size = std::max(mi.world_size, ri.world_size);
-    if (!ri.backend.empty()) mi.backend = ri.backend;
-    if (!ri.device.empty()) mi.device = ri.device;
-    if (!ri.launcher.empty()) mi.launcher = ri.launcher;
-  };
-  for (int rep = 0; rep < o.repeat && !was_interrupted; ++rep) {
-    std::vector<ShardOutcome> outcomes = run_shards(o, progress, binaries, plan, rep, was_interrupted);
-    for (const ShardOutcome& r : outcomes) absorb_run_info(r.outcome);
-    for (TestResult& t : merge_shards(binaries, outcomes, log_of))
-      repeats[static_cast<size_t>(rep)].push_back(std::move(t));
-  }
-  if (o.repeat == 1) {
-    for (auto& t : repeats[0]) records.push_back(std::move(t));
-  } else {
-    for (auto& t : merge_repeats(repeats)) records.push_back(std::move(t));
-  }
-  progress.finish();
-  if (was_interrupted) fmt::print(stderr, "tdc run: interrupted; writing the results so far\n");
 
-  // run_info: what the binaries said, else what this run asked for.
-  auto& info = merged.run_info;
-  if (!from_binaries) {
-    info.backend = o.backend;
-    info.device = o.device;
-    info.launcher = o.launcher;
+  TestsRun run;
+  run.interrupted = interrupted() != 0;
+  Progress progress(total * o.repeat);
+  std::vector<std::vector<TestResult>> repeats(static_cast<size_t>(o.repeat));
+  for (int rep = 0; rep < o.repeat && !run.interrupted; ++rep) {
+    std::vector<ShardOutcome> outcomes = run_shards(o, progress, binaries, plan, rep, run.interrupted);
+    for (const ShardOutcome& r : outcomes)
+      if (r.outcome.results) run.reported.push_back(r.outcome.results->run_info);
+    repeats[static_cast<size_t>(rep)] = merge_shards(binaries, outcomes, run.log_of);
   }
-  if (auto v = a.get("implementation"); v && !from_binaries) info.implementation = *v;
+  run.records = o.repeat == 1 ? std::move(repeats[0]) : merge_repeats(repeats);
+  progress.finish();
+  if (run.interrupted) fmt::print(stderr, "tdc run: interrupted; writing the results so far\n");
+  return run;
+}
+
+// [Note: run_info from the CLI] The run's backend, device and launcher are what the CLI asked
+// for; a binary that reports others is named in a warning (it ignored a flag), not believed.
+// What only the binaries know (the implementation they loaded, LibTorch as they saw it, the
+// largest world) comes from their results, the first that says.
+harness::RunInfo run_info_of(const Options& o, const std::vector<harness::RunInfo>& reported,
+                             const std::string& revision) {
+  harness::RunInfo info;
+  info.backend = o.backend;
+  info.device = o.device;
+  info.launcher = o.launcher;
+  if (o.implementation) info.implementation = *o.implementation;
+  bool named = false;
+  for (const harness::RunInfo& ri : reported) {
+    for (auto [field, ours, theirs] :
+         {std::tuple{"backend", info.backend, ri.backend}, std::tuple{"device", info.device, ri.device},
+          std::tuple{"launcher", info.launcher, ri.launcher}})
+      if (!theirs.empty() && theirs != ours)
+        fmt::print(stderr, "tdc run: warning: a test binary reports {} '{}' where this run asked for '{}'\n", field,
+                   theirs, ours);
+    if (!named && !ri.implementation_version.empty()) {
+      info.implementation = ri.implementation;
+      info.implementation_version = ri.implementation_version;
+      info.implementation_library = ri.implementation_library;
+      named = true;
+    }
+    if (info.libtorch_version.empty()) info.libtorch_version = ri.libtorch_version;
+    if (info.libtorch_cuda.empty()) info.libtorch_cuda = ri.libtorch_cuda;
+    if (info.nccl_version.empty()) info.nccl_version = ri.nccl_version;
+    if (info.compiler.empty()) info.compiler = ri.compiler;
+    info.world_size = std::max(info.world_size, ri.world_size);
+  }
   fill_libtorch_info(o.build, info);
   info.suite_revision = revision;
   info.tdc_version = TDC_VERSION;
   info.host = harness::hostname();
-  info.started_at = started_at;
-  info.duration_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return info;
+}
+
+// step "assemble": the records under the run's expectations, with the run_info and the union of
+// the tests' reports.
+RunResults assemble(const Options& o, std::vector<TestResult> records, const TestsRun& run,
+                    const std::string& revision) {
+  RunResults merged;
+  merged.run_info = run_info_of(o, run.reported, revision);
   harness::Expectations expectations;
   if (o.expectations) expectations = harness::read_expectations(*o.expectations);
   for (auto& t : records) {
     harness::apply_expectations(t, expectations);  // idempotent: binaries applied them already
-    info.world_size = std::max(info.world_size, t.world_size);
+    merged.run_info.world_size = std::max(merged.run_info.world_size, t.world_size);
   }
   merged.tests = std::move(records);
   for (const TestResult& t : merged.tests) harness::merge_reports(merged.reports, t.reports);
+  return merged;
+}
 
-  fs::path json_path = o.out / "results.json", xml_path = o.out / "junit.xml";
+// step "write": results.json, junit.xml, the summary and failures on the console, the report.
+void write_outputs(const Options& o, const RunResults& merged, const TestsRun& run) {
+  const fs::path json_path = o.out / "results.json", xml_path = o.out / "junit.xml";
   harness::write_results_json(merged, json_path);
   harness::write_junit_xml(merged, xml_path);
-
-  print_summary(merged, info.duration_s);
-  print_failures(merged, log_of);
+  print_summary(merged, merged.run_info.duration_s);
+  print_failures(merged, run.log_of);
   fmt::print("\nresults: {}\njunit:   {}\nlogs:    {}\n", json_path.string(), xml_path.string(),
              (o.out / "logs").string());
   if (!o.no_report) write_run_report(o, json_path);
+}
 
+// step "verdict": the exit status (kExit* in cli.h), after --check re-read the files.
+int verdict(const Options& o, const RunResults& merged, const TestsRun& run, size_t binaries) {
   int code = merged.ok() ? kExitOk : kExitFailed;
   if (merged.tests.empty()) {
-    fmt::print(stderr, "tdc run: no tests matched --filter '{}' in the {} binaries\n", o.filter, binaries.size());
+    fmt::print(stderr, "tdc run: no tests matched --filter '{}' in the {} binaries\n", o.filter, binaries);
     code = kExitFailed;
   }
   if (o.check) {
-    if (auto err = check_outputs(json_path, xml_path)) {
+    if (auto err = check_outputs(o.out / "results.json", o.out / "junit.xml")) {
       fmt::print(stderr, "tdc run: check failed: {}\n", *err);
       code = kExitFailed;
     } else {
       fmt::print("check:   results.json ({} tests) and junit.xml re-read and valid\n", merged.tests.size());
     }
   }
-  if (was_interrupted) return kExitInterrupted;
-  return code;
+  return run.interrupted ? kExitInterrupted : code;
+}
+
+}  // namespace
+
+// [Note: a run's steps]
+int run_command(const std::vector<std::string>& args) {
+  ParsedArgs a = parse_args("run", kRunOptions, args, false);
+  if (a.help) {
+    fmt::print("{}{}", kRunUsage, format_options(kRunOptions));
+    return kExitOk;
+  }
+  const Options o = parse_options(a);
+  const std::string started_at = harness::iso_now();
+  const auto t0 = std::chrono::steady_clock::now();
+
+  std::vector<Binary> binaries = select_binaries(o);
+  if (o.impl) {
+    ImplementationDescriptor d = use_implementation(*o.impl, o.out / "impl");
+    fmt::print(stderr, "tdc run: implementation {} {} from {} ({} features)\n", d.name, d.version, o.impl->string(),
+               d.features.size());
+  }
+  preflight(binaries, o);
+  const std::string revision = git_revision(resolve_source_dir(o.build));
+  ::setenv("TDC_SUITE_REVISION", revision.c_str(), 1);  // the binaries put it in their run_info too
+  prepare_out_dir(o);
+  std::vector<TestResult> records = list_tests(binaries, o);
+  TestsRun run = run_tests(o, binaries);
+  for (TestResult& t : run.records) records.push_back(std::move(t));
+  RunResults merged = assemble(o, std::move(records), run, revision);
+  merged.run_info.started_at = started_at;
+  merged.run_info.duration_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  write_outputs(o, merged, run);
+  return verdict(o, merged, run, binaries.size());
 }
 
 }  // namespace tdc::cli
