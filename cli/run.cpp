@@ -28,6 +28,7 @@
 #include "report/report.h"
 #include "shards.h"
 #include "summary.h"
+#include "tdc/harness/external_launcher.h"
 #include "tdc/harness/results.h"
 
 #ifndef TDC_VERSION
@@ -110,6 +111,12 @@ struct Options {
   int jobs = 1;
   std::optional<fs::path> durations;          // --durations
   std::optional<std::string> implementation;  // --implementation
+  // [Note: rank 0 writes the run] Under an external launcher (--launcher env) every rank runs
+  // this command with the same --out, and the harness reports every rank's results through rank
+  // 0 (the others record PASS for what rank 0 reports). So rank 0 writes results.json, junit.xml
+  // and the report; rank r > 0 keeps its logs and raw files in OUT/ranks/r/ and writes nothing
+  // else. external_rank is that r (0 when no external launcher set one).
+  int external_rank = 0;
   std::string backend = "gloo", device = "cpu", launcher = "fork";
 };
 
@@ -200,6 +207,14 @@ Options parse_options(const ParsedArgs& a) {
   if (auto v = a.get("durations")) {
     if (!fs::is_regular_file(*v)) throw UsageError(fmt::format("run: --durations '{}' is not a file", *v));
     o.durations = fs::absolute(*v);
+  }
+  if (o.launcher == "env") {
+    try {
+      if (auto r = harness::external_rank()) o.external_rank = std::max(r->rank, 0);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(fmt::format("run: --launcher env: {}", e.what()));
+    }
+    if (o.external_rank > 0) o.out = o.out / "ranks" / std::to_string(o.external_rank);
   }
   o.jobs = default_jobs(o.device, o.launcher, std::thread::hardware_concurrency());
   if (auto v = a.get("jobs")) {
@@ -972,8 +987,16 @@ RunResults assemble(const Options& o, std::vector<TestResult> records, const Tes
   return merged;
 }
 
-// step "write": results.json, junit.xml, the summary and failures on the console, the report.
+// step "write": results.json, junit.xml, the summary and failures on the console, the report
+// (on rank 0 only under an external launcher: [Note: rank 0 writes the run]).
 void write_outputs(const Options& o, const RunResults& merged, const TestsRun& run) {
+  if (o.external_rank > 0) {
+    fmt::print(
+        "tdc run: rank {} of an external launcher: rank 0 writes every rank's results to {}; this rank's "
+        "logs are in {}\n",
+        o.external_rank, o.out.parent_path().parent_path().string(), (o.out / "logs").string());
+    return;
+  }
   const fs::path json_path = o.out / "results.json", xml_path = o.out / "junit.xml";
   harness::write_results_json(merged, json_path);
   harness::write_junit_xml(merged, xml_path);
@@ -991,7 +1014,7 @@ int verdict(const Options& o, const RunResults& merged, const TestsRun& run, siz
     fmt::print(stderr, "tdc run: no tests matched --filter '{}' in the {} binaries\n", o.filter, binaries);
     code = kExitFailed;
   }
-  if (o.check) {
+  if (o.check && o.external_rank == 0) {
     if (auto err = check_outputs(o.out / "results.json", o.out / "junit.xml")) {
       fmt::print(stderr, "tdc run: check failed: {}\n", *err);
       code = kExitFailed;

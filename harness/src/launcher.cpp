@@ -18,6 +18,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "process.h"
+#include "tdc/harness/external_launcher.h"
 
 namespace tdc::harness {
 
@@ -253,17 +254,26 @@ int env_int(const char* name, int fallback) {
   }
 }
 
+// [Note: ranks from an external launcher] (tdc/harness/external_launcher.h)
+ExternalRank env_rank() {
+  const ExternalRank r = external_rank().value_or(ExternalRank{});
+  const char* addr = std::getenv("MASTER_ADDR");
+  const int port = env_int("MASTER_PORT", -1);
+  if (!addr || port < 0 || r.rank < 0 || r.world_size < 1)
+    throw std::invalid_argument(
+        fmt::format("the env launcher needs RANK, WORLD_SIZE (or SLURM_PROCID, SLURM_NTASKS), MASTER_ADDR and "
+                    "MASTER_PORT (got rank {}, world size {}, MASTER_ADDR={}, MASTER_PORT={})",
+                    r.rank, r.world_size, addr ? addr : "(unset)", port));
+  return r;
+}
+
 c10::intrusive_ptr<c10d::Store> env_store() {
   static c10::intrusive_ptr<c10d::Store> store;
   if (store) return store;
+  const ExternalRank r = env_rank();
   const char* addr = std::getenv("MASTER_ADDR");
-  int port = env_int("MASTER_PORT", -1);
-  int rank = env_int("RANK", -1), world = env_int("WORLD_SIZE", -1);
-  if (!addr || port < 0 || rank < 0 || world < 1)
-    throw std::invalid_argument(
-        fmt::format("the env launcher needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (got RANK={}, "
-                    "WORLD_SIZE={}, MASTER_ADDR={}, MASTER_PORT={})",
-                    rank, world, addr ? addr : "(unset)", port));
+  const int port = env_int("MASTER_PORT", -1);
+  const int rank = r.rank, world = r.world_size;
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(port);
   o.isServer = rank == 0;
@@ -276,8 +286,9 @@ c10::intrusive_ptr<c10d::Store> env_store() {
 
 Outcome launch_env(const LaunchSpec& spec0, const std::function<void()>& body) {
   LaunchSpec spec = spec0;
-  const int rank = env_int("RANK", -1);
-  spec.world_size = env_int("WORLD_SIZE", -1);
+  const ExternalRank er = env_rank();
+  const int rank = er.rank;
+  spec.world_size = er.world_size;
   if (spec.world_size != spec0.world_size) {
     Outcome o;
     o.status = Status::Skip;
@@ -285,7 +296,7 @@ Outcome launch_env(const LaunchSpec& spec0, const std::function<void()>& body) {
                             spec.name, spec0.world_size, spec.world_size);
     return o;
   }
-  const int local_rank = env_int("LOCAL_RANK", rank);
+  const int local_rank = er.local_rank;
   auto base = env_store();
   static int test_counter = 0;
   auto store =

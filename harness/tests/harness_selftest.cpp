@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest-spi.h>
 
+#include "tdc/harness/external_launcher.h"
 #include "tdc/harness/harness.h"
 #include "tdc/harness/results.h"
 #include "tdc/harness/subtests.h"
@@ -139,6 +140,43 @@ TDC_DIST_TEST(HarnessBasics, SkipMacrosAreSafeInUnbracedIfElse, .world_size = 1)
   else
     took_else = true;
   EXPECT_TRUE(took_else) << "the else bound to TDC_REQUIRE_CAPABILITY's own if";
+}
+
+// [Note: ranks from an external launcher]: torchrun's names first, SLURM's where they are absent,
+// and a variable that is not an integer is named with its value.
+TEST(HarnessUnit, ExternalRankReadsTorchrunThenSlurm) {
+  const char* names[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"};
+  std::map<std::string, std::string> saved;
+  for (const char* n : names)
+    if (const char* v = std::getenv(n)) saved[n] = v;
+  auto clear = [&] {
+    for (const char* n : names) ::unsetenv(n);
+  };
+  clear();
+  EXPECT_FALSE(tdc::harness::external_rank().has_value());
+  ::setenv("SLURM_PROCID", "3", 1);
+  ::setenv("SLURM_NTASKS", "4", 1);
+  ::setenv("SLURM_LOCALID", "1", 1);
+  auto r = tdc::harness::external_rank();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->rank, 3);
+  EXPECT_EQ(r->world_size, 4);
+  EXPECT_EQ(r->local_rank, 1);
+  ::setenv("RANK", "0", 1);  // torchrun's names win
+  ::setenv("WORLD_SIZE", "2", 1);
+  r = tdc::harness::external_rank();
+  EXPECT_EQ(r->rank, 0);
+  EXPECT_EQ(r->world_size, 2);
+  EXPECT_EQ(r->local_rank, 1);  // no LOCAL_RANK: SLURM_LOCALID
+  ::setenv("RANK", "1x", 1);
+  try {
+    tdc::harness::external_rank();
+    ADD_FAILURE() << "RANK=1x was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("RANK='1x'"), std::string::npos) << e.what();
+  }
+  clear();
+  for (const auto& [n, v] : saved) ::setenv(n.c_str(), v.c_str(), 1);
 }
 
 TEST(HarnessUnit, ExpandGridIsCartesianLastKeyFastest) {
