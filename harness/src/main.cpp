@@ -6,6 +6,12 @@
 #include <ATen/Parallel.h>
 #include <torch/version.h>
 
+#include <cctype>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "internal.h"
 #include "tdc/harness/implementation.h"
 
@@ -75,89 +81,105 @@ std::optional<std::string> preflight_error() {
   return std::nullopt;
 }
 
-// One place for every setting: name (flag --tdc_<name>, env TDC_<NAME>) -> how to apply it.
-void apply(const std::string& name, const std::string& value, bool has_value) {
-  internal::RunSettings& s = internal::settings();
-  const std::string flag = "--tdc_" + name;
-  auto need = [&] {
-    if (!has_value || value.empty()) throw std::invalid_argument(flag + " needs a value (" + flag + "=...)");
-  };
-  if (name == "launcher")
-    need(), s.launcher = launcher_from_string(value);
-  else if (name == "backend")
-    need(), s.backend = value;
-  else if (name == "backend_lib")
-    s.backend_lib = value;
-  else if (name == "device") {
-    need();
-    if (value != "cpu" && value != "cuda")
-      throw std::invalid_argument(fmt::format("{} must be cpu or cuda, got '{}'", flag, value));
-    s.device_type = value;
-  } else if (name == "timeout")
-    need(), s.timeout_s = parse_double(flag, value);
-  else if (name == "abort_grace")
-    need(), s.abort_grace_s = parse_double(flag, value);
-  else if (name == "stacks_timeout")
-    need(), s.stacks_timeout_s = parse_double(flag, value);
-  else if (name == "preflight")
-    preflight_requested() = truthy(value);
-  else if (name == "world_size") {
-    need();
-    s.default_world_size = parse_int(flag, value);
-    if (s.default_world_size < 1) throw std::invalid_argument(flag + " must be >= 1");
-  } else if (name == "keep_temp")
-    s.keep_temp = truthy(value);
-  else if (name == "show_output")
-    s.show_output = truthy(value);
-  else if (name == "stacks") {
-    need();
-    if (value != "signal" && value != "gdb" && value != "both")
-      throw std::invalid_argument(fmt::format("{} must be signal, gdb or both, got '{}'", flag, value));
-    s.stacks = value;
-  } else if (name == "results")
-    need(), s.results_path = value;
-  else if (name == "junit")
-    need(), s.junit_path = value;
-  else if (name == "expectations")
-    need(), s.expectations_path = value;
-  else if (name == "events_fd")
-    need(), s.events_fd = parse_int(flag, value);
-  else if (name == "implementation") {
-    need();
-    auto colon = value.find(':');
-    s.implementation = value.substr(0, colon);
-    s.implementation_version = colon == std::string::npos ? "" : value.substr(colon + 1);
-  } else if (name == "child") {
-    // rank,world,events_fd,seed,num_threads,temp_dir (internal: the spawn launcher)
-    auto& c = detail::child_spec();
-    std::vector<std::string> parts;
-    size_t start = 0;
-    for (int i = 0; i < 5; ++i) {
-      size_t comma = value.find(',', start);
-      if (comma == std::string::npos) throw std::invalid_argument("malformed --tdc_child=" + value);
-      parts.push_back(value.substr(start, comma - start));
-      start = comma + 1;
-    }
-    c.active = true;
-    c.rank = parse_int(flag, parts[0]);
-    c.world_size = parse_int(flag, parts[1]);
-    c.events_fd = parse_int(flag, parts[2]);
-    c.seed = std::stoull(parts[3]);
-    c.num_threads = parse_int(flag, parts[4]);
-    c.temp_dir = value.substr(start);
-  } else {
-    throw std::invalid_argument(
-        fmt::format("unknown flag {} (known: --tdc_launcher, --tdc_backend, --tdc_backend_lib, --tdc_device, "
-                    "--tdc_timeout, --tdc_world_size, --tdc_keep_temp, --tdc_show_output, --tdc_stacks, "
-                    "--tdc_results, --tdc_junit, --tdc_expectations, --tdc_events_fd, --tdc_implementation, "
-                    "--tdc_abort_grace, --tdc_stacks_timeout, --tdc_preflight)",
-                    flag));
+// The spawn launcher's child description: rank,world,events_fd,seed,num_threads,temp_dir.
+void apply_child(const std::string& flag, const std::string& value) {
+  auto& c = detail::child_spec();
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (int i = 0; i < 5; ++i) {
+    size_t comma = value.find(',', start);
+    if (comma == std::string::npos) throw std::invalid_argument("malformed " + flag + "=" + value);
+    parts.push_back(value.substr(start, comma - start));
+    start = comma + 1;
   }
+  c.active = true;
+  c.rank = parse_int(flag, parts[0]);
+  c.world_size = parse_int(flag, parts[1]);
+  c.events_fd = parse_int(flag, parts[2]);
+  c.seed = std::stoull(parts[3]);
+  c.num_threads = parse_int(flag, parts[4]);
+  c.temp_dir = value.substr(start);
 }
 
-const char* kEnvSettings[] = {"launcher",   "backend",      "backend_lib",    "device",      "timeout",
-                              "world_size", "keep_temp",    "show_output",    "stacks",      "results",
-                              "junit",      "expectations", "implementation", "abort_grace", "stacks_timeout"};
+// [Note: the harness's settings] One table holds every setting: its name (flag --tdc_<name>;
+// environment TDC_<NAME> where `env` says so), whether it needs a value, and how it is applied.
+// init() reads the environment, then the flags, from this table alone, and an unknown flag's
+// message lists the table's public names. Flags win over the environment.
+enum class Source { kFlagAndEnv, kFlagOnly, kInternal };  // kInternal: flag only, never listed
+struct Setting {
+  const char* name;
+  Source source;
+  bool needs_value;
+  void (*apply)(internal::RunSettings& s, const std::string& flag, const std::string& value);
+};
+
+using RS = internal::RunSettings;
+using Str = const std::string&;
+const Setting kSettings[] = {
+    {"launcher", Source::kFlagAndEnv, true, [](RS& s, Str, Str v) { s.launcher = launcher_from_string(v); }},
+    {"backend", Source::kFlagAndEnv, true, [](RS& s, Str, Str v) { s.backend = v; }},
+    {"backend_lib", Source::kFlagAndEnv, false, [](RS& s, Str, Str v) { s.backend_lib = v; }},
+    {"device", Source::kFlagAndEnv, true,
+     [](RS& s, Str flag, Str v) {
+       if (v != "cpu" && v != "cuda")
+         throw std::invalid_argument(fmt::format("{} must be cpu or cuda, got '{}'", flag, v));
+       s.device_type = v;
+     }},
+    {"timeout", Source::kFlagAndEnv, true, [](RS& s, Str flag, Str v) { s.timeout_s = parse_double(flag, v); }},
+    {"world_size", Source::kFlagAndEnv, true,
+     [](RS& s, Str flag, Str v) {
+       s.default_world_size = parse_int(flag, v);
+       if (s.default_world_size < 1) throw std::invalid_argument(flag + " must be >= 1");
+     }},
+    {"keep_temp", Source::kFlagAndEnv, false, [](RS& s, Str, Str v) { s.keep_temp = truthy(v); }},
+    {"show_output", Source::kFlagAndEnv, false, [](RS& s, Str, Str v) { s.show_output = truthy(v); }},
+    {"stacks", Source::kFlagAndEnv, true,
+     [](RS& s, Str flag, Str v) {
+       if (v != "signal" && v != "gdb" && v != "both")
+         throw std::invalid_argument(fmt::format("{} must be signal, gdb or both, got '{}'", flag, v));
+       s.stacks = v;
+     }},
+    {"results", Source::kFlagAndEnv, true, [](RS& s, Str, Str v) { s.results_path = v; }},
+    {"junit", Source::kFlagAndEnv, true, [](RS& s, Str, Str v) { s.junit_path = v; }},
+    {"expectations", Source::kFlagAndEnv, true, [](RS& s, Str, Str v) { s.expectations_path = v; }},
+    {"implementation", Source::kFlagAndEnv, true,
+     [](RS& s, Str, Str v) {
+       auto colon = v.find(':');
+       s.implementation = v.substr(0, colon);
+       s.implementation_version = colon == std::string::npos ? "" : v.substr(colon + 1);
+     }},
+    {"abort_grace", Source::kFlagAndEnv, true, [](RS& s, Str flag, Str v) { s.abort_grace_s = parse_double(flag, v); }},
+    {"stacks_timeout", Source::kFlagAndEnv, true,
+     [](RS& s, Str flag, Str v) { s.stacks_timeout_s = parse_double(flag, v); }},
+    {"events_fd", Source::kFlagOnly, true, [](RS& s, Str flag, Str v) { s.events_fd = parse_int(flag, v); }},
+    {"preflight", Source::kFlagOnly, false, [](RS&, Str, Str v) { preflight_requested() = truthy(v); }},
+    {"child", Source::kInternal, true, [](RS&, Str flag, Str v) { apply_child(flag, v); }},
+};
+
+void apply(const std::string& name, const std::string& value, bool has_value) {
+  const std::string flag = "--tdc_" + name;
+  for (const Setting& setting : kSettings) {
+    if (name != setting.name) continue;
+    if (setting.needs_value && (!has_value || value.empty()))
+      throw std::invalid_argument(flag + " needs a value (" + flag + "=...)");
+    setting.apply(internal::settings(), flag, value);
+    return;
+  }
+  std::vector<std::string> known;
+  for (const Setting& setting : kSettings)
+    if (setting.source != Source::kInternal) known.push_back(std::string("--tdc_") + setting.name);
+  throw std::invalid_argument(fmt::format("unknown flag {} (known: {})", flag, fmt::join(known, ", ")));
+}
+
+// TDC_<NAME> of every setting the environment may set.
+void apply_environment() {
+  for (const Setting& setting : kSettings) {
+    if (setting.source != Source::kFlagAndEnv) continue;
+    std::string upper = "TDC_";
+    for (const char* p = setting.name; *p; ++p) upper += static_cast<char>(std::toupper(*p));
+    if (const char* v = std::getenv(upper.c_str()); v && *v) apply(setting.name, v, true);
+  }
+}
 
 // ---------------------------------------------------------------- results listener
 class ResultsListener : public testing::EmptyTestEventListener {
@@ -265,11 +287,7 @@ void register_preflight(PreflightCheck check) { preflight_checks().push_back(che
 
 bool init(int* argc, char** argv, std::string* error) {
   try {
-    for (const char* name : kEnvSettings) {
-      std::string upper = "TDC_";
-      for (const char* p = name; *p; ++p) upper += static_cast<char>(std::toupper(*p));
-      if (const char* v = std::getenv(upper.c_str()); v && *v) apply(name, v, true);
-    }
+    apply_environment();
     int out = 1;
     for (int i = 1; i < *argc; ++i) {
       std::string a = argv[i];

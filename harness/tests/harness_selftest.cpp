@@ -634,6 +634,20 @@ TEST(HarnessMustFail, UnknownFlagIsRejectedWithItsName) {
   ChildRun r2 = run_child("MustFail.SkipOnAllRanks", o2);
   EXPECT_EQ(r2.exit_code, 2);
   EXPECT_TRUE(contains(r2.output, "'mpi'")) << r2.output;
+  // [Note: the harness's settings]: the unknown flag's message lists the table's public names
+  // (not the spawn launcher's internal --tdc_child); the environment goes through the same table.
+  EXPECT_TRUE(contains(r.output, "--tdc_stacks_timeout") && contains(r.output, "--tdc_preflight")) << r.output;
+  EXPECT_FALSE(contains(r.output, "--tdc_child")) << r.output;
+  ChildOptions o3;
+  o3.env = {"TDC_TIMEOUT=soon"};
+  ChildRun r3 = run_child("MustFail.SkipOnAllRanks", o3);
+  EXPECT_EQ(r3.exit_code, 2);
+  EXPECT_TRUE(contains(r3.output, "--tdc_timeout expects a positive number of seconds, got 'soon'")) << r3.output;
+  ChildOptions o4;
+  o4.args = {"--tdc_backend"};
+  ChildRun r4 = run_child("MustFail.SkipOnAllRanks", o4);
+  EXPECT_EQ(r4.exit_code, 2);
+  EXPECT_TRUE(contains(r4.output, "--tdc_backend needs a value")) << r4.output;
 }
 
 // ---------------------------------------------------------------- env launcher (torchrun-style)
