@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "bench_support.h"
+#include "bench/support.h"
 #include "cli.h"
 
 namespace tdc::cli::bench {

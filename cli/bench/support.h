@@ -1,6 +1,6 @@
-// What `tdc bench`'s benchmarks share (defined in bench.cpp): running a benchmark binary and the
-// PyTorch side's python, reading and writing their JSON, medians. The benchmarks with a PyTorch
-// side other than fsdp and checkpoint live in their own files (bench_pipelining.cpp) and use these.
+// What `tdc bench`'s benchmarks share (support.cpp): running a benchmark binary and the PyTorch
+// side's python, reading and writing their JSON, medians, rounds; and the drivers, one per file of
+// this folder, that bench_command.cpp picks from.
 #pragma once
 
 #include <filesystem>
@@ -14,6 +14,9 @@
 #include "cli.h"
 
 namespace tdc::cli::bench {
+
+// j[key] of a benchmark's JSON as a number; throws naming the file and the key.
+double number_at(const nlohmann::json& j, const std::filesystem::path& file, const std::string& key);
 
 // Runs `build/binary` with --out/--repeat (and `extra_args`) and returns its parsed JSON output;
 // nullopt with *exit_status set when it failed or was interrupted (throws naming what is missing).
@@ -83,7 +86,16 @@ int run_rounds(const Rounds& spec, const std::filesystem::path& build, const Pyt
 void add_run_info(nlohmann::ordered_json& out, const nlohmann::ordered_json& tdc, const nlohmann::ordered_json& pytorch,
                   const std::vector<std::string>& tdc_skip, const std::vector<std::string>& pytorch_skip);
 
-// `tdc bench pipelining` (bench_pipelining.cpp).
+// The drivers: `tdc bench NAME` (NAME.cpp). Each returns the CLI exit status.
+int bench_harness(const ParsedArgs& a, const std::filesystem::path& build, const std::filesystem::path& out,
+                  std::optional<int> repeat);
+int bench_ddp(const ParsedArgs& a, const std::filesystem::path& build, const std::filesystem::path& out,
+              std::optional<int> repeat);
+// fsdp1: FSDP1 on both sides (the same binary and scripts with --fsdp1).
+int bench_fsdp(const ParsedArgs& a, const std::filesystem::path& build, const std::filesystem::path& out,
+               std::optional<int> repeat, bool fsdp1);
+int bench_checkpoint(const ParsedArgs& a, const std::filesystem::path& build, const std::filesystem::path& out,
+                     std::optional<int> repeat);
 int bench_pipelining(const ParsedArgs& a, const std::filesystem::path& build, const std::filesystem::path& out,
                      std::optional<int> repeat);
 

@@ -1,0 +1,189 @@
+// `tdc bench fsdp` / `tdc bench fsdp1`: R rounds of tdc_bench_fsdp (tdc's FSDP2, or FSDP1 with
+// --fsdp1) and bench/pytorch/fsdp_pytorch.py (PyTorch's), merged (medians over rounds) and plotted.
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "bench/support.h"
+#include "cli.h"
+
+namespace tdc::cli::bench {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+// tdc's JSON (tdc_bench_fsdp) + PyTorch's (fsdp_pytorch.py) -> the merged result. Both name the
+// FSDP they timed ("fsdp": "FSDP2" or "FSDP1"); they must agree.
+ojson merge_fsdp(const ojson& t, const fs::path& tdc_file, const ojson& py, const fs::path& py_file) {
+  const std::string version = t.value("fsdp", std::string("FSDP2"));
+  if (py.value("fsdp", std::string("FSDP2")) != version)
+    throw std::runtime_error(fmt::format("'{}' timed {}, '{}' timed {}: not the same benchmark", tdc_file.string(),
+                                         version, py_file.string(), py.value("fsdp", std::string("FSDP2"))));
+  ojson out = ojson::object();
+  out["target"] = "tdc_fsdp_step_ms <= pytorch_fsdp_step_ms in every case (ratio <= 1)";
+  ojson cases = ojson::object();
+  bool met = true;
+  double worst = 0;
+  for (const auto& [model, worlds] : t.at("cases").items()) {
+    for (const auto& [world, c] : worlds.items()) {
+      const std::string where = fmt::format("cases.{}.{}", model, world);
+      if (!py.contains("cases") || !py["cases"].contains(model) || !py["cases"][model].contains(world))
+        throw std::runtime_error(fmt::format("PyTorch output '{}' has no case {}", py_file.string(), where));
+      const ojson& p = py["cases"][model][world];
+      double tdc_ms = number_in(c, tdc_file, where, "tdc_fsdp_step_ms");
+      double py_ms = number_in(p, py_file, where, "fsdp_step_ms");
+      if (p.value("local_batch", -1) != c.value("local_batch", -2))
+        throw std::runtime_error(fmt::format("{}: tdc and PyTorch ran different per-rank batches", where));
+      ojson m = c;
+      m["pytorch_fsdp_step_ms"] = py_ms;
+      m["pytorch_fsdp_p90_ms"] = p.value("fsdp_p90_ms", 0.0);
+      double ratio = py_ms > 0 ? tdc_ms / py_ms : 0.0;
+      m["ratio"] = ratio;
+      if (c.contains("tdc_fsdp_nochecks_step_ms") && c["tdc_fsdp_nochecks_step_ms"].is_number() && py_ms > 0)
+        m["ratio_nochecks"] = c["tdc_fsdp_nochecks_step_ms"].get<double>() / py_ms;
+      met = met && ratio <= 1.0;
+      worst = std::max(worst, ratio);
+      cases[model][world] = m;
+    }
+  }
+  out["target_met"] = met;
+  out["worst_ratio"] = worst;
+  out["cases"] = cases;
+  ojson models = t.at("models");
+  for (auto& [model, m] : models.items()) {
+    if (!py.contains("models") || !py["models"].contains(model)) continue;
+    const ojson& p = py["models"][model];
+    m["pytorch_single_step_ms"] = p.value("single_step_ms", 0.0);
+    m["pytorch_params"] = p.value("params", 0);
+    if (p.value("params", -1) != m.value("params", -2))
+      throw std::runtime_error(fmt::format("model {}: tdc has {} parameters, PyTorch {}: not the same model", model,
+                                           m.value("params", 0), p.value("params", 0)));
+    if (p.value("global_batch", -1) != m.value("global_batch", -2))
+      throw std::runtime_error(fmt::format("model {}: tdc and PyTorch ran different global batches", model));
+  }
+  out["models"] = models;
+  add_run_info(out, t, py, {"cases", "models"}, {"cases", "models"});
+  return out;
+}
+
+int print_fsdp(const ojson& j, const fs::path& out, const fs::path& png) {
+  const std::string version = j.value("fsdp", std::string("FSDP2"));
+  const bool v1 = version == "FSDP1";
+  fmt::print(
+      "\n{} benchmark: host {} ({} CPUs), LibTorch {} vs torch {}, {} timed steps per case "
+      "(median of rank 0; median over {} round(s)), {} ATen thread(s) per rank\n",
+      version, j.value("host", std::string("?")), j.value("cpus", 0), j.value("libtorch_version", std::string("?")),
+      j.value("torch_version", std::string("?")), j.value("repeat", 0), j.value("rounds", 1),
+      j.value("threads_per_rank", 0));
+  fmt::print("{:<12} {:>5} {:>10} {:>10} {:>13} {:>13} {:>7}   {:>17} {:>7}\n", "model", "world", "single_ms", "ddp_ms",
+             "tdc_fsdp_ms", "torch_fsdp_ms", "ratio", "tdc_nochecks_ms", "ratio");
+  for (const auto& [model, worlds] : j["cases"].items()) {
+    for (const auto& [world, c] : worlds.items()) {
+      double r = c.value("ratio", 0.0);
+      fmt::print("{:<12} {:>5} {:>10.2f} {:>10.2f} {:>13.2f} {:>13.2f} {:>7.2f}{} {:>17.2f} {:>7.2f}\n", model, world,
+                 c.value("single_step_ms", 0.0), c.value("ddp_step_ms", 0.0), c.value("tdc_fsdp_step_ms", 0.0),
+                 c.value("pytorch_fsdp_step_ms", 0.0), r, r <= 1.0 ? "  " : " >",
+                 c.value("tdc_fsdp_nochecks_step_ms", 0.0), c.value("ratio_nochecks", 0.0));
+    }
+  }
+  const int cpus = j.value("cpus", 0);
+  fmt::print(
+      "\nratio = tdc {0} step / PyTorch {1} step (same model, batch, step, world size);\n"
+      "tdc_nochecks: tdc {0} with its cross-rank collective argument checks off (TDC_COMM_CHECKS=0)\n"
+      "target: ratio <= 1 in every case: {2} (worst {3:.2f})\n",
+      version, v1 ? "FullyShardedDataParallel" : "fully_shard", j.value("target_met", false) ? "met" : "NOT met",
+      j.value("worst_ratio", 0.0));
+  if (cpus > 0 && cpus < 4) fmt::print("note: {} CPUs here, so world size 4 oversubscribes the cores\n", cpus);
+  fmt::print("written to {}\n           {}\n", out.string(), png.string());
+  return kExitOk;
+}
+
+constexpr int kFsdpWarmup = 3;  // tdc_bench_fsdp's kWarmup; the PyTorch runner gets the same
+
+// Several merged rounds -> one: every step time is the median over rounds, the ratios are taken
+// between those medians, and each case keeps its per-round ratios.
+ojson combine_rounds(const std::vector<ojson>& rounds) {
+  ojson out = rounds.front();
+  const char* case_keys[] = {
+      "single_step_ms",       "ddp_step_ms",        "tdc_fsdp_step_ms", "tdc_fsdp_p90_ms", "tdc_fsdp_nochecks_step_ms",
+      "pytorch_fsdp_step_ms", "pytorch_fsdp_p90_ms"};
+  const char* model_keys[] = {"single_step_ms", "pytorch_single_step_ms"};
+  auto med = [&](const char* section, const std::string& a, const std::string& b, const char* key) {
+    std::vector<double> v;
+    for (const auto& r : rounds) {
+      const ojson& c = b.empty() ? r[section][a] : r[section][a][b];
+      if (c.contains(key) && c[key].is_number()) v.push_back(c[key].get<double>());
+    }
+    return v;
+  };
+  bool met = true;
+  double worst = 0;
+  for (auto& [model, worlds] : out["cases"].items()) {
+    for (auto& [world, c] : worlds.items()) {
+      for (const char* key : case_keys) {
+        auto v = med("cases", model, world, key);
+        if (!v.empty()) c[key] = median_of(v);
+      }
+      ojson per_round = ojson::array();
+      for (const auto& r : rounds) per_round.push_back(r["cases"][model][world].value("ratio", 0.0));
+      const double py_ms = c.value("pytorch_fsdp_step_ms", 0.0);
+      const double ratio = py_ms > 0 ? c.value("tdc_fsdp_step_ms", 0.0) / py_ms : 0.0;
+      c["ratio"] = ratio;
+      if (c.contains("ratio_nochecks") && py_ms > 0)
+        c["ratio_nochecks"] = c.value("tdc_fsdp_nochecks_step_ms", 0.0) / py_ms;
+      c["ratio_per_round"] = per_round;
+      met = met && ratio <= 1.0;
+      worst = std::max(worst, ratio);
+    }
+  }
+  for (auto& [model, m] : out["models"].items()) {
+    for (const char* key : model_keys) {
+      auto v = med("models", model, "", key);
+      if (!v.empty()) m[key] = median_of(v);
+    }
+  }
+  out["target_met"] = met;
+  out["worst_ratio"] = worst;
+  double total = 0;
+  for (const auto& r : rounds) total += r.value("duration_s", 0.0) + r["pytorch"].value("duration_s", 0.0);
+  out["rounds"] = rounds.size();
+  out["total_duration_s"] = total;
+  return out;
+}
+
+}  // namespace
+
+// `tdc bench fsdp` (FSDP2) and `tdc bench fsdp1` (FSDP1): the same binary, script, merge and plot;
+// fsdp1 passes --fsdp1 to both sides.
+int bench_fsdp(const ParsedArgs& a, const fs::path& build, const fs::path& out, std::optional<int> repeat, bool fsdp1) {
+  const std::string name = fsdp1 ? "fsdp1" : "fsdp";
+  const PythonSide py = python_side(a, build, name, "fsdp");
+  std::vector<std::string> tdc_args, python_args{"--warmup", std::to_string(kFsdpWarmup)};
+  if (fsdp1) {
+    tdc_args.push_back("--fsdp1");
+    python_args.push_back("--fsdp1");
+  }
+  const Rounds spec{
+      .name = name,
+      .program = "fsdp",
+      .repeat = repeat.value_or(10),
+      .rounds = a.get("rounds") ? parse_positive_int("bench", "rounds", *a.get("rounds")) : 3,
+      .tdc_args = tdc_args,
+      .python_args = python_args,
+      .merge =
+          [](const ojson& t, const fs::path& tf, const ojson& p, const fs::path& pf) {
+            if (t.value("warmup", -1) != kFsdpWarmup)
+              throw std::runtime_error(fmt::format("tdc_bench_fsdp ran {} warm-up steps, the CLI expects {}",
+                                                   t.value("warmup", -1), kFsdpWarmup));
+            return merge_fsdp(t, tf, p, pf);
+          },
+      .combine = combine_rounds,
+      .print = print_fsdp};
+  return run_rounds(spec, build, py, out);
+}
+
+}  // namespace tdc::cli::bench
