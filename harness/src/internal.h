@@ -63,6 +63,18 @@ void set_signal_rank(int rank);
 std::string capture_stacks(pid_t pid, const std::string& stacks_path, double budget_s);
 std::string demangle_text(const std::string& text);
 
+// [Note: the odd rank first] In a hang most ranks usually wait in one place (a collective, a
+// barrier) for the one or few that are elsewhere, and a long report cut after 60 lines would hide
+// exactly those. stacks_odd_first() groups the processes' stack blocks by where they are (their
+// frames with every number and address blanked) and, when one group is larger than every other,
+// puts the processes outside it first, after a line naming them. Otherwise (one process, all in
+// one place, or no single largest group) the blocks stay in rank order.
+struct StackBlock {
+  std::string label;  // "rank 2", "ranks 0,1,2,3 (threads)"
+  std::string text;   // "==== stacks of ... ====\n..." as capture_stacks() reads it
+};
+std::string stacks_odd_first(const std::vector<StackBlock>& blocks);
+
 // ---------------------------------------------------------------- parent-side bookkeeping
 // Live rank processes and the current temp dir, for the SIGINT/SIGTERM handler.
 void track_child(pid_t pid);

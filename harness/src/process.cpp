@@ -285,19 +285,19 @@ Outcome Supervisor::run() {
 
 std::string Supervisor::capture_live_stacks() const {
   // Every live process at once: signal stacks take milliseconds each, gdb seconds each.
-  std::vector<std::future<std::string>> pending;
+  std::vector<std::pair<std::string, std::future<std::string>>> pending;
   for (auto& c : children_) {
     if (c.exited) continue;
     std::string label = c.ranks.size() == 1 ? fmt::format("rank {}", c.ranks[0])
                                             : fmt::format("ranks {} (threads)", fmt::join(c.ranks, ","));
-    pending.push_back(std::async(std::launch::async, [label, pid = c.pid, path = c.stacks_path] {
-      return fmt::format("==== stacks of {} (pid {}) ====\n{}", label, pid,
-                         capture_stacks(pid, path, internal::settings().stacks_budget_s()));
-    }));
+    pending.emplace_back(label, std::async(std::launch::async, [label, pid = c.pid, path = c.stacks_path] {
+                           return fmt::format("==== stacks of {} (pid {}) ====\n{}", label, pid,
+                                              capture_stacks(pid, path, internal::settings().stacks_budget_s()));
+                         }));
   }
-  std::string stacks;
-  for (auto& f : pending) stacks += f.get();
-  return stacks;
+  std::vector<StackBlock> blocks;
+  for (auto& [label, f] : pending) blocks.push_back({label, f.get()});
+  return stacks_odd_first(blocks);  // [Note: the odd rank first]
 }
 
 namespace {

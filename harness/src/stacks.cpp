@@ -15,10 +15,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <map>
 #include <fstream>
 #include <regex>
 #include <sstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "internal.h"
 
@@ -183,6 +188,49 @@ void install_rank_signal_handlers(const std::string& stacks_path, int rank_hint)
   sigemptyset(&sa.sa_mask);
   sigaction(SIGUSR2, &sa, nullptr);
   for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) signal(sig, on_fatal_signal);
+}
+
+namespace {
+// Where a process is: its frame lines, every address and number blanked (pids, thread ids and
+// ASLR differ between ranks; the functions and their offsets do not).
+std::string where_signature(const std::string& text) {
+  static const std::regex numbers("0x[0-9a-fA-F]+|[0-9]+");
+  std::istringstream in(text);
+  std::string line, sig;
+  while (std::getline(in, line)) {
+    if (line.rfind("====", 0) == 0 || line.rfind("---", 0) == 0) continue;
+    sig += std::regex_replace(line, numbers, "#") + "\n";
+  }
+  return sig;
+}
+}  // namespace
+
+std::string stacks_odd_first(const std::vector<StackBlock>& blocks) {
+  std::string in_order;
+  for (const StackBlock& b : blocks) in_order += b.text;
+  if (blocks.size() < 3) return in_order;  // with two, neither is "the others"
+  std::map<std::string, std::vector<size_t>> groups;
+  for (size_t i = 0; i < blocks.size(); ++i) groups[where_signature(blocks[i].text)].push_back(i);
+  const std::vector<size_t>* largest = nullptr;
+  bool tie = false;
+  for (const auto& [sig, members] : groups) {
+    if (largest == nullptr || members.size() > largest->size()) {
+      largest = &members;
+      tie = false;
+    } else if (members.size() == largest->size()) {
+      tie = true;
+    }
+  }
+  if (groups.size() < 2 || tie || largest->size() < 2) return in_order;
+  std::vector<std::string> odd_labels, waiting_labels;
+  std::string odd, waiting;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const bool in_largest = std::find(largest->begin(), largest->end(), i) != largest->end();
+    (in_largest ? waiting_labels : odd_labels).push_back(blocks[i].label);
+    (in_largest ? waiting : odd) += blocks[i].text;
+  }
+  return fmt::format("not where the others are: {} ({} are all in one place); their stacks first\n{}{}",
+                     fmt::join(odd_labels, ", "), fmt::join(waiting_labels, ", "), odd, waiting);
 }
 
 std::string demangle_text(const std::string& text) {
