@@ -1,6 +1,6 @@
 // Unit tests of the safetensors format layer of tdc::checkpoint (impl/checkpoint/safetensors.h):
 // write_file/read_header/read_rows round trips for every dtype, headers PyTorch 2.13 wrote
-// (../shared/design/dcp-hf-format.md, "Real headers"), every malformed file read_header must
+// (docs/design/dcp-hf-format.md, "Real headers"), every malformed file read_header must
 // reject with a message naming the file and the key/value, and the venv's `safetensors` package
 // reading what write_file writes (and the other way round). Single-process: plain TESTs.
 #include <ATen/ATen.h>

@@ -144,7 +144,7 @@ void compare_single(ScheduleKind kind, const ScheduleShape& shape, const Compute
     EXPECT_TRUE(same_list(forward_backward(actions), strs(c["trace"][r])));
     const Strings stored = strs(add_reduce_grad(actions, shape.n_microbatches));
     if (kind == ScheduleKind::OneFOneB && rank == shape.pp - 1) {
-      // PyTorch's list for the last rank starts at F1 (../shared/design/pipelining.md §3); when
+      // PyTorch's list for the last rank starts at F1 (docs/design/pipelining.md §3); when
       // this fails, upstream fixed it and the list can be compared like the others.
       EXPECT_EQ(strs(c["compute"][r]).front(), fmt::format("{}F1", rank));
       EXPECT_FALSE(same_list(stored, strs(c["compute"][r])));
@@ -213,7 +213,7 @@ TEST(PipelineScheduleGolden, EveryCaseMatchesPyTorch) {
 }
 
 // PyTorch's defer_pp_recv moves each RECV to just before its consumer, which on a few shapes puts
-// a pair's receives in another order than the peer's sends (../shared/design/pipelining.md §4.4).
+// a pair's receives in another order than the peer's sends (docs/design/pipelining.md §4.4).
 // The golden says which lists keep the order (checked in Python); validate_comms must refuse
 // exactly the others, naming the mismatched pair.
 TEST(PipelineScheduleGolden, DeferredRecvListsThatBreakThePairOrderAreRefused) {
@@ -268,7 +268,7 @@ TEST(PipelineScheduleGolden, EveryAcceptedShapeLowersToValidLists) {
   EXPECT_GT(lowered, 400);
 }
 
-// The seed test's shape, spelled out (../shared/design/pipelining.md §3), so a reader sees one list.
+// The seed test's shape, spelled out (docs/design/pipelining.md §3), so a reader sees one list.
 TEST(PipelineScheduleGolden, SeedShapeRankZero) {
   const auto order = compute_order(ScheduleKind::InterleavedZeroBubble, {2, 2, 8});
   const Strings zb = strs(order.at(0));

@@ -1,5 +1,5 @@
 // Lowering a compute-only order to the lists the runtime executes, pass by pass as PyTorch's
-// _PipelineScheduleRuntime._prepare_schedule_with_comms does (../shared/design/pipelining.md §4):
+// _PipelineScheduleRuntime._prepare_schedule_with_comms does (docs/design/pipelining.md §4):
 // validate, UNSHARD/RESHARD, REDUCE_GRAD, SEND/RECV. No defer_pp_recv: PyTorch's version of it
 // breaks the per-pair FIFO order ([Note: schedule validation] in schedule_ir.h).
 #include <algorithm>

@@ -1,6 +1,6 @@
 // The compute-only orders of the five seed schedules (schedules.py: the _get_pipeline_order and
 // _calculate_single_rank_operations of each class), bubbles included. Integer arithmetic only;
-// ../shared/design/pipelining.md §3 describes each shape.
+// docs/design/pipelining.md §3 describes each shape.
 #include <algorithm>
 #include <array>
 #include <cctype>

@@ -1,7 +1,7 @@
 """PyTorch's side of tdc's checkpoint interop tests (conformance/interop/).
 
 Both sides train the same model one Adam step and hand each other a DCP checkpoint in the
-HuggingFace safetensors layout (../shared/design/dcp-hf-format.md, "Python side of interop
+HuggingFace safetensors layout (docs/design/dcp-hf-format.md, "Python side of interop
 tests"): DIR/model/ holds the model state dict, DIR/optim/ the optimizer state dict's tensors
 ({"state": ...}: keys state.<fqn>.exp_avg / exp_avg_sq / step). A reference directory REF holds
 the saving side's full state dict as plain safetensors (keys model.<fqn> and

@@ -1,6 +1,6 @@
 // Distributed checkpoints (torch.distributed.checkpoint save / load) in the safetensors layout of
 // PyTorch's HuggingFaceStorageWriter(save_distributed=True) / HuggingFaceStorageReader
-// (docs/checkpoint.md, ../shared/design/dcp-hf-format.md):
+// (docs/checkpoint.md, docs/design/dcp-hf-format.md):
 //
 //   DIR/shard-00001-model-00001-of-00001.safetensors   rank 0's chunks (one file per rank and box)
 //   DIR/shard-00002-model-00001-of-00001.safetensors   ...

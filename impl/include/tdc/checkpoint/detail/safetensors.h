@@ -1,5 +1,5 @@
 // The safetensors file format as PyTorch's DCP HuggingFace writer and reader use it
-// (../shared/design/dcp-hf-format.md): one file = [u64 LE header length N][N bytes of JSON header]
+// (docs/design/dcp-hf-format.md): one file = [u64 LE header length N][N bytes of JSON header]
 // [data section]. The header maps each tensor key to {dtype, shape, data_offsets}; the optional
 // "__metadata__" object (string values only) carries DCP_SHARDING_INFO, a JSON *string* mapping
 // each key to {"saved_offsets": [...]} (tdc adds "global_shape" and "checksum", which PyTorch ignores).
