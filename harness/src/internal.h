@@ -52,6 +52,12 @@ struct ContextScope {
 // The current subtest label of the calling thread ("" outside subtests).
 std::string& subtest_label();
 
+// A skip message from TDC_NOT_SUPPORTED (harness.h writes the mark "[NOT_SUPPORTED]"): the one
+// test of it, for the per-rank outcome (process.cpp) and the results listener (main.cpp).
+inline bool is_not_supported_message(const std::string& message) {
+  return message.find("[NOT_SUPPORTED]") != std::string::npos;
+}
+
 // ---------------------------------------------------------------- stacks
 // In a rank process: SIGUSR2 makes every thread write its stack to `path`, and fatal signals print
 // a backtrace to stderr before the process dies with the same signal.

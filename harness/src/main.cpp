@@ -228,7 +228,7 @@ class ResultsListener : public testing::EmptyTestEventListener {
     if (g.Skipped()) {
       r.status = Status::Skip;
       for (auto& m : msgs)
-        if (m.find("[NOT_SUPPORTED]") != std::string::npos) r.status = Status::NotSupported;
+        if (detail::is_not_supported_message(m)) r.status = Status::NotSupported;
     } else if (g.Failed()) {
       r.status = Status::Fail;
     }

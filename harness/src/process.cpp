@@ -404,7 +404,7 @@ Outcome Supervisor::make_outcome(bool timed_out, const std::string& stacks, doub
     o.status = Status::Fail;
     o.message = fmt::format("{}", fmt::join(fail_msgs, "\n"));
   } else if (!skipped_ranks.empty()) {
-    bool not_supported = skip_msgs.front().find("[NOT_SUPPORTED]") != std::string::npos;
+    bool not_supported = is_not_supported_message(skip_msgs.front());
     o.status = not_supported ? Status::NotSupported : Status::Skip;
     o.message = skip_msgs.front();
     if (!ran_ranks.empty() || !aborted_ranks_.empty()) {
