@@ -42,8 +42,6 @@ struct EventEnd {
   std::string message;
 };
 
-
-
 // One test process: a binary run over some of its tests (a shard, [Note: tests side by side]),
 // driven without blocking so that several run at once: start(), then service() whenever its event
 // pipe is readable or a poll times out, until it returns true; then finish().
@@ -316,7 +314,6 @@ TestResult make_record(const std::string& suite, const std::string& name, Status
   return t;
 }
 
-
 // The binary's listed tests that have no record in `r`, in list order ([Note: one death costs
 // one test]).
 std::vector<std::string> tests_not_reported(const Binary& b, const BinaryOutcome& r) {
@@ -342,7 +339,6 @@ std::map<std::string, double> previous_durations(const fs::path& results_json) {
   }
   return out;
 }
-
 
 // A shard in flight, and how to name its next process if it has to be started again.
 struct Slot {
@@ -476,6 +472,5 @@ std::vector<TestResult> merge_shards(const std::vector<Binary>& binaries, std::v
   }
   return out;
 }
-
 
 }  // namespace tdc::cli::run_detail

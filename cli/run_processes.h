@@ -55,8 +55,8 @@ struct Options {
 
 struct BinaryOutcome {
   std::vector<harness::TestResult> tests;
-  std::set<std::string> with_log_tail;  // records made here, whose message already has the log
-  std::optional<harness::RunResults> results;    // the binary's own results file, when it wrote one
+  std::set<std::string> with_log_tail;         // records made here, whose message already has the log
+  std::optional<harness::RunResults> results;  // the binary's own results file, when it wrote one
   bool interrupted = false;
   bool died_in_test = false;  // crashed or was killed while running a test, without results
 };
