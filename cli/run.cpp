@@ -67,6 +67,9 @@ const std::vector<OptionSpec> kRunOptions = {
     {"check", nullptr, "after writing, re-read results.json and junit.xml and validate both"},
     {"repeat", "N", "run every selected test N times; one whose status differs is FLAKY (a failure)"},
     {"suites", "A,B", "only these test binaries, in this order (names as in tdc_suites.json)"},
+    {"binary", "PATH,PATH",
+     "run these test binaries instead of tdc_suites.json's: yours, built outside tdc's tree\n"
+     "                                   (GoogleTest + tdc::harness; docs/writing-a-distributed-test.md)"},
     {"stop-on-failure", nullptr, "stop every test process once one had a failing test (tdc mutate)"},
     {"durations", "FILE",
      "balance the shards by the test durations in FILE (a results.json; default: DIR/results.json\n"
@@ -80,7 +83,8 @@ const std::vector<OptionSpec> kRunOptions = {
 constexpr const char* kRunUsage =
     "usage: tdc run [options]\n\n"
     "Runs the conformance suite (test binaries of kind 'conformance' in tdc_suites.json; the\n"
-    "unit suites when there are none yet) with live progress, then writes DIR/results.json,\n"
+    "unit suites when there are none yet; your own test binaries with --binary) with live\n"
+    "progress, then writes DIR/results.json,\n"
     "DIR/junit.xml and DIR/logs/<binary>[.shard<k>].log and prints a per-suite summary; then the report a\n"
     "person reads, DIR/report.html and DIR/report.md (as `tdc report DIR --out DIR` writes it).\n"
     "Exit status: 0 when no test has a failure status (FAIL, XPASS, TIMEOUT, CRASH), 1 otherwise\n"
@@ -88,6 +92,24 @@ constexpr const char* kRunUsage =
     "With --repeat N each test's record carries repeat_statuses (status -> count); a test seen\n"
     "with more than one status is FLAKY, and a FLAKY test fails the run.\n\n"
     "Options:\n";
+
+// --binary P1,P2: test binaries outside tdc_suites.json, each an executable file (absolute, so a
+// binary's working directory does not matter). --suites and --kind select from the manifest and
+// cannot be combined with it.
+std::vector<fs::path> parse_binaries(const std::string& value, const Options& o) {
+  if (!o.suites.empty() || o.kind)
+    throw UsageError("run: --binary names the test binaries itself; it cannot be combined with --suites or --kind");
+  std::vector<fs::path> out;
+  std::stringstream in(value);
+  for (std::string path; std::getline(in, path, ',');) {
+    if (path.empty()) continue;
+    if (!fs::is_regular_file(path) || ::access(path.c_str(), X_OK) != 0)
+      throw UsageError(fmt::format("run: --binary '{}' is not an executable file", path));
+    out.push_back(fs::absolute(path).lexically_normal());
+  }
+  if (out.empty()) throw UsageError(fmt::format("run: --binary needs paths of test binaries, got '{}'", value));
+  return out;
+}
 
 Options parse_options(const ParsedArgs& a) {
   Options o;
@@ -142,6 +164,7 @@ Options parse_options(const ParsedArgs& a) {
       throw UsageError(fmt::format("run: --kind must be conformance, unit or mustfail, got '{}'", *v));
     o.kind = *v;
   }
+  if (auto v = a.get("binary")) o.binaries = parse_binaries(*v, o);
   o.out = fs::absolute(a.get("out").value_or("results"));
   o.build = resolve_build_dir(a.get("build-dir"));
   o.check = a.has("check");
@@ -183,6 +206,12 @@ json read_json_file(const fs::path& p) {
 }
 
 std::vector<Binary> select_binaries(const Options& o) {
+  if (!o.binaries.empty()) {
+    std::vector<Binary> out;
+    for (const fs::path& p : o.binaries)
+      out.push_back(Binary{.kind = "binary", .path = p, .name = p.filename().string()});
+    return out;
+  }
   fs::path manifest = o.build / "tdc_suites.json";
   json j = read_json_file(manifest);
   if (!j.is_array()) throw UsageError(fmt::format("'{}': expected a JSON array", manifest.string()));

@@ -40,6 +40,7 @@ struct Options {
   int repeat = 1;
   std::optional<fs::path> impl;     // --impl
   std::vector<std::string> suites;  // --suites, in order
+  std::vector<fs::path> binaries;   // --binary, in order (instead of tdc_suites.json's)
   bool stop_on_failure = false;
   int jobs = 1;
   std::optional<fs::path> durations;          // --durations

@@ -8,21 +8,12 @@
 # GoogleTest (libtdc knows no test framework).
 #   cmake -DSOURCE=<repository root> -P CheckLayering.cmake    fails naming every violation
 #
-# The table: component, then the components it may include. Order is bottom-up; no edge points
-# up, so there are no circles (except edges listed as tolerated, with what removes them).
+# The table (cmake/TdcComponents.cmake, which the build also makes its targets from): component,
+# then the components it may include. Order is bottom-up; no edge points up, so there are no
+# circles (except edges listed as tolerated, with what removes them).
 cmake_minimum_required(VERSION 3.20)
 
-set(TDC_LAYERS
-  "comm|"
-  "mesh|comm"
-  "nn|"
-  "tensor|comm mesh nn"
-  "ddp|comm mesh nn tensor"
-  "tp|comm mesh nn tensor"
-  "fsdp|comm mesh nn tensor"
-  "fsdp1|comm mesh nn tensor"
-  "checkpoint|comm mesh nn tensor ddp fsdp fsdp1"
-  "pipelining|comm mesh nn tensor ddp fsdp")
+include(${CMAKE_CURRENT_LIST_DIR}/TdcComponents.cmake)  # TDC_LAYERS: the table, shared with the build
 # Edges that point up (a circle), each with what removes it, tolerated until then. The check fails
 # when one is no longer used, so the table cannot go stale.
 set(TDC_TOLERATED)  # "from|to|what removes it": none today
@@ -90,7 +81,7 @@ foreach(rel IN LISTS files)
     continue()  # impl/implementation.cpp: the descriptor names every component
   endif()
   if(NOT from IN_LIST components)
-    string(APPEND errors "\n  impl/${rel}: folder '${from}' is not a component of the table in cmake/CheckLayering.cmake")
+    string(APPEND errors "\n  impl/${rel}: folder '${from}' is not a component of the table in cmake/TdcComponents.cmake")
     continue()
   endif()
   file(STRINGS "${SOURCE}/impl/${rel}" lines REGEX "^[ \t]*#[ \t]*include[ \t]*[\"<]")

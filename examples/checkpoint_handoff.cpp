@@ -14,7 +14,7 @@
 #include <torch/optim/adam.h>
 
 #include "tdc/checkpoint/checkpoint.h"
-#include "tdc/checkpoint/state_dict.h"
+#include "tdc/state_dict/state_dict.h"
 #include "tdc/nn/layers.h"
 
 namespace ckpt = tdc::checkpoint;

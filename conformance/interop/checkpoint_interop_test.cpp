@@ -38,7 +38,7 @@
 #include <torch/optim/adam.h>
 
 #include "tdc/checkpoint/checkpoint.h"
-#include "tdc/checkpoint/state_dict.h"
+#include "tdc/state_dict/state_dict.h"
 #include "tdc/comm/process_group.h"
 #include "tdc/conformance/checks.h"
 #include "tdc/conformance/pytorch_side.h"

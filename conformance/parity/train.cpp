@@ -14,7 +14,7 @@
 
 #include "tdc/checkpoint/checkpoint.h"
 #include "tdc/checkpoint/detail/safetensors.h"
-#include "tdc/checkpoint/state_dict.h"
+#include "tdc/state_dict/state_dict.h"
 #include "tdc/comm/collectives.h"
 #include "tdc/comm/process_group.h"
 #include "tdc/conformance/support.h"

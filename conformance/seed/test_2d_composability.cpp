@@ -19,7 +19,7 @@
 #include <torch/optim/adamw.h>
 
 #include "tdc/checkpoint/checkpoint.h"
-#include "tdc/checkpoint/state_dict.h"
+#include "tdc/state_dict/state_dict.h"
 #include "tdc/comm/collectives.h"
 #include "tdc/comm/debug_mode.h"
 #include "tdc/conformance/checks.h"
@@ -417,7 +417,7 @@ void _test_train_parity_2d_transformer_checkpoint_resume(const std::string& temp
   // Load in place into fresh state dicts of the live model and optimizer (dcp.load). As in
   // PyTorch, the load alone restores the live parameters and the optimizer's own moment tensors:
   // checked against the saved values before anything else touches them. The one exception is
-  // [Note: LibTorch's optimizer step is an integer] (impl/checkpoint/optimizer_state.cpp): LibTorch
+  // [Note: LibTorch's optimizer step is an integer] (impl/state_dict/optimizer_state.cpp): LibTorch
   // keeps Adam's step as an int64, not a tensor a state dict can alias, so the loaded steps reach
   // the optimizer through set_optimizer_state_dict, the closest equivalent LibTorch allows.
   checkpoint::StateDict sharded_sd = sharded_state(*model_cp, *optim_cp);

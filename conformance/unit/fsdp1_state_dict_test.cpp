@@ -8,7 +8,7 @@
 
 #include "tdc/checkpoint/checkpoint.h"
 #include "tdc/checkpoint/errors.h"
-#include "tdc/checkpoint/state_dict.h"
+#include "tdc/state_dict/state_dict.h"
 #include "tdc/conformance/checks.h"
 #include "tdc/conformance/state_dict_checks.h"
 #include "tdc/conformance/support.h"

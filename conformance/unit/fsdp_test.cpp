@@ -467,7 +467,7 @@ TDC_DIST_TEST(FSDPTest, ReshardWhileAsyncUnshardIsPendingIsNamed, .world_size = 
   fsdp::FSDPModule mlp0 = fsdp::as_fsdp(model->child("0"));
   fsdp::UnshardHandle h = mlp0.unshard(/*async_op=*/true);
   const std::string err = error_of([&] { mlp0.reshard(); });
-  EXPECT_THAT(err, HasSubstr("fully_shard '0 (MLP)': reshard() while Unsharding; it needs Sharded or Unsharded"));
+  EXPECT_THAT(err, HasSubstr("fully_shard '0 (MLP)': reshard() while UNSHARDING; it needs SHARDED or UNSHARDED"));
   h.wait();
   mlp0.reshard();  // legal once the gather finished
   EXPECT_EQ(fsdp::memory_stats().unsharded_bytes, 0) << "after the legal reshard nothing is unsharded";
@@ -495,8 +495,8 @@ TDC_DIST_TEST(FSDPTest, UnshardDuringBackwardOfAnotherGroupIsNamed, .world_size 
       });
   const std::string err = error_of([&] { (*model)(inp).sum().backward(); });
   EXPECT_TRUE(hook_ran);
-  EXPECT_THAT(err, HasSubstr("fully_shard '0 (MLP)': unshard() while Idle during a backward pass"));
-  EXPECT_THAT(err, HasSubstr("it needs Idle outside forward and backward"));
+  EXPECT_THAT(err, HasSubstr("fully_shard '0 (MLP)': unshard() while IDLE during a backward pass"));
+  EXPECT_THAT(err, HasSubstr("it needs IDLE outside forward and backward"));
 }
 
 TDC_DIST_TEST(FSDPTest, ReshardInsideItsOwnForwardIsNamed, .world_size = 2) {
@@ -512,7 +512,7 @@ TDC_DIST_TEST(FSDPTest, ReshardInsideItsOwnForwardIsNamed, .world_size = 2) {
     return std::nullopt;
   });
   (*model)(inp).sum().backward();
-  EXPECT_THAT(err, HasSubstr("fully_shard '1 (MLP)': reshard() while Forward (inside its own forward); it needs Idle"));
+  EXPECT_THAT(err, HasSubstr("fully_shard '1 (MLP)': reshard() while FORWARD (inside its own forward); it needs IDLE"));
 }
 
 // ------------------------------------------------------------------ bad input

@@ -9,26 +9,26 @@ namespace tdc::fsdp {
 
 const char* to_string(ShardedState state) {
   switch (state) {
-    case ShardedState::Sharded:
-      return "Sharded";
-    case ShardedState::Unsharding:
-      return "Unsharding";
-    case ShardedState::Unsharded:
-      return "Unsharded";
+    case ShardedState::SHARDED:
+      return "SHARDED";
+    case ShardedState::UNSHARDING:
+      return "UNSHARDING";
+    case ShardedState::UNSHARDED:
+      return "UNSHARDED";
   }
   return "?";
 }
 
 const char* to_string(TrainingState state) {
   switch (state) {
-    case TrainingState::Idle:
-      return "Idle";
-    case TrainingState::Forward:
-      return "Forward";
-    case TrainingState::PreBackward:
-      return "PreBackward";
-    case TrainingState::PostBackward:
-      return "PostBackward";
+    case TrainingState::IDLE:
+      return "IDLE";
+    case TrainingState::FORWARD:
+      return "FORWARD";
+    case TrainingState::PRE_BACKWARD:
+      return "PRE_BACKWARD";
+    case TrainingState::POST_BACKWARD:
+      return "POST_BACKWARD";
   }
   return "?";
 }

@@ -14,28 +14,28 @@ namespace tdc::fsdp {
 
 // [Note: FSDP lifecycles]
 // A parameter group (one fully_shard call) is in one ShardedState:
-//   Sharded    -- only the shards hold data; the unsharded tensors have no storage.
-//   Unsharding -- an all-gather is in flight (unshard(async_op=true), or a prefetch); the
+//   SHARDED    -- only the shards hold data; the unsharded tensors have no storage.
+//   UNSHARDING -- an all-gather is in flight (unshard(async_op=true), or a prefetch); the
 //                 unsharded tensors are not written yet.
-//   Unsharded  -- the unsharded tensors hold the parameters (they may be stale when a shard changed
+//   UNSHARDED  -- the unsharded tensors hold the parameters (they may be stale when a shard changed
 //                 in place since: the next unshard gathers again into the same storage).
-// Sharded -> Unsharding -> Unsharded -> Sharded, and Unsharded -> Unsharding for a stale gather.
-// Resharding while Unsharding is an error from the public API (FSDPModule::reshard): the gather
+// SHARDED -> UNSHARDING -> UNSHARDED -> SHARDED, and UNSHARDED -> UNSHARDING for a stale gather.
+// Resharding while UNSHARDING is an error from the public API (FSDPModule::reshard): the gather
 // would land in freed memory. FSDP's own hooks finish a pending gather before they reshard.
 //
 // An FSDP state (one fully_shard'ed module) is in one TrainingState:
-//   Idle         -- outside its forward and backward.
-//   Forward      -- between its forward pre-hook and forward hook.
-//   PreBackward  -- a gradient of one of its outputs has arrived; its parameters are unsharded for
+//   IDLE         -- outside its forward and backward.
+//   FORWARD      -- between its forward pre-hook and forward hook.
+//   PRE_BACKWARD -- a gradient of one of its outputs has arrived; its parameters are unsharded for
 //                   its backward.
-//   PostBackward -- its gradients were reduce-scattered (it stays there until the root's
-//                   end-of-backward callback returns every state to Idle).
-// Idle -> Forward -> Idle -> PreBackward -> PostBackward -> Idle. A module called twice before
-// backward goes round Forward twice and PreBackward -> PostBackward twice. Activation
-// checkpointing re-enters Forward during backward: [Note: activation checkpointing re-enters
+//   POST_BACKWARD -- its gradients were reduce-scattered (it stays there until the root's
+//                   end-of-backward callback returns every state to IDLE).
+// IDLE -> FORWARD -> IDLE -> PRE_BACKWARD -> POST_BACKWARD -> IDLE. A module called twice before
+// backward goes round FORWARD twice and PRE_BACKWARD -> POST_BACKWARD twice. Activation
+// checkpointing re-enters FORWARD during backward: [Note: activation checkpointing re-enters
 // forward] in state.cpp.
-enum class ShardedState { Sharded, Unsharding, Unsharded };
-enum class TrainingState { Idle, Forward, PreBackward, PostBackward };
+enum class ShardedState { SHARDED, UNSHARDING, UNSHARDED };
+enum class TrainingState { IDLE, FORWARD, PRE_BACKWARD, POST_BACKWARD };
 const char* to_string(ShardedState state);
 const char* to_string(TrainingState state);
 

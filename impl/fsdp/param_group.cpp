@@ -29,32 +29,32 @@ void ParamGroup::unshard(bool async_op) {
     reset_sharded_params();
   }
   switch (sharded_state_) {
-    case ShardedState::Unsharding:
+    case ShardedState::UNSHARDING:
       if (!async_op) wait_for_unshard();
       return;
-    case ShardedState::Unsharded:
+    case ShardedState::UNSHARDED:
       if (up_to_date()) return;
       break;  // stale: a shard changed in place; gather again into the same storage
-    case ShardedState::Sharded:
+    case ShardedState::SHARDED:
       break;
   }
   all_gather_result_ = foreach_all_gather(params_, mesh_info_, mp_, async_op, checks_);
-  sharded_state_ = ShardedState::Unsharding;
+  sharded_state_ = ShardedState::UNSHARDING;
   if (!async_op) wait_for_unshard();
 }
 
 void ParamGroup::wait_for_unshard() {
-  if (sharded_state_ != ShardedState::Unsharding) return;
+  if (sharded_state_ != ShardedState::UNSHARDING) return;
   foreach_all_gather_copy_out(*all_gather_result_, params_, mesh_info_);
   all_gather_result_.reset();
-  sharded_state_ = ShardedState::Unsharded;
+  sharded_state_ = ShardedState::UNSHARDED;
 }
 
 void ParamGroup::reshard() {
-  check_state(label_, "reshard()", sharded_state_, {ShardedState::Sharded, ShardedState::Unsharded});
-  if (sharded_state_ == ShardedState::Sharded) return;
+  check_state(label_, "reshard()", sharded_state_, {ShardedState::SHARDED, ShardedState::UNSHARDED});
+  if (sharded_state_ == ShardedState::SHARDED) return;
   for (auto& p : params_) p.free_unsharded();
-  sharded_state_ = ShardedState::Sharded;
+  sharded_state_ = ShardedState::SHARDED;
 }
 
 void ParamGroup::finish_and_reshard() {

@@ -32,13 +32,13 @@ class ParamGroup {
 
   // ---------------------------------------------------------------- ShardedState
   ShardedState sharded_state() const { return sharded_state_; }
-  // Sharded (or stale Unsharded) -> Unsharding -> (sync) Unsharded. A no-op when Unsharded and up
-  // to date; a sync unshard while Unsharding waits for the pending gather.
+  // SHARDED (or stale UNSHARDED) -> UNSHARDING -> (sync) UNSHARDED. A no-op when UNSHARDED and up
+  // to date; a sync unshard while UNSHARDING waits for the pending gather.
   void unshard(bool async_op = false);
-  // Unsharding -> Unsharded (copy-out); a no-op in the other states.
+  // UNSHARDING -> UNSHARDED (copy-out); a no-op in the other states.
   void wait_for_unshard();
-  // Unsharded -> Sharded (storage freed, substitutes removed); a no-op when Sharded. Throws
-  // naming the module and both states when Unsharding.
+  // UNSHARDED -> SHARDED (storage freed, substitutes removed); a no-op when SHARDED. Throws
+  // naming the module and both states when UNSHARDING.
   void reshard();
   // What FSDP's own hooks do: finish a pending gather nobody waited for, then reshard.
   void finish_and_reshard();
@@ -75,8 +75,8 @@ class ParamGroup {
   MixedPrecisionPolicy mp_;
   OffloadPolicy offload_;
   std::string label_;
-  ShardedState sharded_state_ = ShardedState::Sharded;
-  std::optional<AllGatherResult> all_gather_result_;  // set exactly while Unsharding
+  ShardedState sharded_state_ = ShardedState::SHARDED;
+  std::optional<AllGatherResult> all_gather_result_;  // set exactly while UNSHARDING
   int pending_nodes_ = 0;
   CollectiveChecks checks_;
 };

@@ -143,10 +143,10 @@ void FSDPState::apply_unshard_function() {
 
 // [Note: activation checkpointing re-enters forward] tdc::nn::checkpoint runs the module, hooks
 // included, under no-grad in forward and again with grad during backward. The first run goes
-// Idle -> Forward -> Idle and registers no backward hooks (no grad). The recompute runs inside
+// IDLE -> FORWARD -> IDLE and registers no backward hooks (no grad). The recompute runs inside
 // the root's backward: pre_forward gathers again, post_forward reshards (unless the root) and
-// hooks the recomputed outputs, whose gradients then take the module through PreBackward ->
-// PostBackward like any other call. So forward is legal from PreBackward and PostBackward too (a
+// hooks the recomputed outputs, whose gradients then take the module through PRE_BACKWARD ->
+// POST_BACKWARD like any other call. So forward is legal from PRE_BACKWARD and POST_BACKWARD too (a
 // module checkpointed twice is recomputed after its first backward). PyTorch's module-hook
 // checkpoint recomputes after FSDP's pre-backward unshard and skips the forward hooks in
 // PRE_BACKWARD; tdc's reentrant checkpoint needs them for the new autograd node, at the price of
@@ -154,7 +154,7 @@ void FSDPState::apply_unshard_function() {
 // that threw never reached post_forward.
 nn::Tensors FSDPState::pre_forward(nn::Tensors inputs) {
   lazy_init();
-  training_state_ = TrainingState::Forward;
+  training_state_ = TrainingState::FORWARD;
   const MixedPrecisionPolicy& mp = group_.mp_policy();
   if (mp.param_dtype && mp.cast_forward_inputs) inputs = cast_floating(std::move(inputs), *mp.param_dtype);
   group_.unshard();
@@ -164,7 +164,7 @@ nn::Tensors FSDPState::pre_forward(nn::Tensors inputs) {
 }
 
 nn::Tensors FSDPState::post_forward(nn::Tensors outputs) {
-  check_state(label_, "post-forward", training_state_, {TrainingState::Forward});
+  check_state(label_, "post-forward", training_state_, {TrainingState::FORWARD});
   if (group_.reshard_after_forward && !is_root()) group_.finish_and_reshard();
   if (is_root() && group_.mp_policy().output_dtype) {
     outputs = cast_floating(std::move(outputs), *group_.mp_policy().output_dtype);
@@ -179,14 +179,14 @@ nn::Tensors FSDPState::post_forward(nn::Tensors outputs) {
       });
     }
   }
-  training_state_ = TrainingState::Idle;
+  training_state_ = TrainingState::IDLE;
   return outputs;
 }
 
-// Runs once per output gradient (one hook per output), so PreBackward -> PreBackward is normal.
+// Runs once per output gradient (one hook per output), so PRE_BACKWARD -> PRE_BACKWARD is normal.
 void FSDPState::pre_backward() {
   check_state(label_, "pre-backward", training_state_,
-              {TrainingState::Idle, TrainingState::PreBackward, TrainingState::PostBackward});
+              {TrainingState::IDLE, TrainingState::PRE_BACKWARD, TrainingState::POST_BACKWARD});
   if (is_root() && !root_backward_queued_) {
     root_backward_queued_ = true;
     std::weak_ptr<FSDPState> weak = weak_from_this();
@@ -194,7 +194,7 @@ void FSDPState::pre_backward() {
       if (auto s = weak.lock()) s->root_post_backward();
     });
   }
-  training_state_ = TrainingState::PreBackward;
+  training_state_ = TrainingState::PRE_BACKWARD;
   if (group_.empty()) return;
   group_.check_unmodified("backward");
   group_.unshard();
@@ -203,10 +203,10 @@ void FSDPState::pre_backward() {
 
 std::vector<at::Tensor> FSDPState::post_backward(const std::vector<at::Tensor>& grads) {
   check_state(label_, "post-backward", training_state_,
-              {TrainingState::Idle, TrainingState::PreBackward, TrainingState::PostBackward});
+              {TrainingState::IDLE, TrainingState::PRE_BACKWARD, TrainingState::POST_BACKWARD});
   check_state(label_, "post-backward (its backward computed with the unsharded parameters)", group_.sharded_state(),
-              {ShardedState::Unsharded});
-  training_state_ = TrainingState::PostBackward;
+              {ShardedState::UNSHARDED});
+  training_state_ = TrainingState::POST_BACKWARD;
   std::vector<at::Tensor> out = group_.reduce_grads(grads);
   if (group_.finish_pending_node() && group_.reshard_after_backward) group_.finish_and_reshard();
   return out;
@@ -217,7 +217,7 @@ void FSDPState::root_post_backward() {
   for (auto& w : tree_) {
     auto s = w.lock();
     if (!s) continue;
-    s->training_state_ = TrainingState::Idle;
+    s->training_state_ = TrainingState::IDLE;
     s->group_.clear_pending_nodes();  // nodes of unused outputs never run
     if (s->group_.reshard_after_backward) s->group_.finish_and_reshard();
   }
@@ -227,12 +227,12 @@ void FSDPState::root_post_backward() {
 bool FSDPState::backward_in_flight() { return torch::autograd::get_current_graph_task_id() != -1; }
 
 void FSDPState::check_user_control(const char* action) const {
-  if (training_state_ == TrainingState::Forward) {
-    throw_lifecycle_error(label_, action, "Forward (inside its own forward)", "Idle");
+  if (training_state_ == TrainingState::FORWARD) {
+    throw_lifecycle_error(label_, action, "FORWARD (inside its own forward)", "IDLE");
   }
   if (backward_in_flight()) {
     throw_lifecycle_error(label_, action, fmt::format("{} during a backward pass", to_string(training_state_)),
-                          "Idle outside forward and backward (FSDP's hooks own the parameters there; "
+                          "IDLE outside forward and backward (FSDP's hooks own the parameters there; "
                           "prefetch with set_modules_to_backward_prefetch)");
   }
 }
@@ -242,7 +242,7 @@ ShardedCounts sharded_counts(const nn::Module& root) {
   for (auto& s : states_in(root)) {
     const int n = static_cast<int>(s->group().params().size());
     counts.params += n;
-    if (s->group().sharded_state() == ShardedState::Unsharded) counts.unsharded += n;
+    if (s->group().sharded_state() == ShardedState::UNSHARDED) counts.unsharded += n;
   }
   return counts;
 }

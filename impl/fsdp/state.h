@@ -55,7 +55,7 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   nn::Module* module_;
   ParamGroup group_;
   std::string label_;
-  TrainingState training_state_ = TrainingState::Idle;
+  TrainingState training_state_ = TrainingState::IDLE;
   std::optional<bool> is_root_;                 // unset until lazy init
   std::vector<std::weak_ptr<FSDPState>> tree_;  // root only: every state under it (itself included)
   std::vector<nn::Module*> forward_prefetch_, backward_prefetch_;

@@ -90,13 +90,24 @@ void UnitState::check_idle(const char* action) const {
 
 // ------------------------------------------------------------------ lazy init
 
-// The first unit to run forward is the root of every unit below it (PyTorch's _lazy_init).
+const char* to_string(UnitRole role) {
+  switch (role) {
+    case UnitRole::UNSET:
+      return "UNSET";
+    case UnitRole::ROOT:
+      return "ROOT";
+    case UnitRole::NON_ROOT:
+      return "NON_ROOT";
+  }
+  return "?";
+}
+
+// The first unit to run forward is the root of every unit below it (PyTorch's _lazy_init;
+// [Note: an FSDP1 unit's role]).
 void UnitState::lazy_init() {
-  if (lazy_inited_ && is_root_) return;
-  if (lazy_inited_ && root_ && root_ != this) return;
-  is_root_ = true;
+  if (role_ != UnitRole::UNSET) return;
+  role_ = UnitRole::ROOT;
   root_ = this;
-  lazy_inited_ = true;
   tree_.clear();
   pre_forward_order_.clear();
   post_forward_order_.clear();
@@ -109,9 +120,10 @@ void UnitState::lazy_init() {
     s.label_ = unit_label(detail::clean_fqn(fqn), s.wrapped());
     if (s.handle_) s.handle_->set_owner(s.wrapper_, s.label_);
     if (&s == this) continue;
-    s.is_root_ = false;
+    detail::check_state(s.label_, fmt::format("becoming a non-root unit of {}", label_).c_str(), s.role_,
+                        {UnitRole::UNSET, UnitRole::NON_ROOT});
+    s.role_ = UnitRole::NON_ROOT;
     s.root_ = this;
-    s.lazy_inited_ = true;
     s.tree_.clear();
   }
   check_offloaded_devices();
@@ -147,7 +159,7 @@ void UnitState::cast_root_buffers() {
 // ------------------------------------------------------------------ forward
 
 nn::Tensors UnitState::pre_forward(nn::Tensors inputs) {
-  if (!lazy_inited_) lazy_init();
+  lazy_init();  // a no-op once the role is set
   if (handle_ && !options_.use_orig_params && at::GradMode::is_enabled() && recomputes_inside()) {
     // The checkpoint Function learns that its output needs a gradient from the parameters it
     // reads; with use_orig_params=false the registered originals are empty, so a first layer
@@ -162,8 +174,8 @@ nn::Tensors UnitState::pre_forward(nn::Tensors inputs) {
                      {TrainingState::IDLE, TrainingState::FORWARD_BACKWARD});
   const auto& mp = options_.mixed_precision;
   if (mp && mp->param_dtype) {
-    const bool cast = is_root_ ? mp->cast_root_forward_inputs : mp->cast_forward_inputs;
-    if (cast && (handle_ || is_root_)) inputs = cast_floating(std::move(inputs), *mp->param_dtype);
+    const bool cast = is_root() ? mp->cast_root_forward_inputs : mp->cast_forward_inputs;
+    if (cast && (handle_ || is_root())) inputs = cast_floating(std::move(inputs), *mp->param_dtype);
   }
   if (!handle_) return inputs;
   handle_->set_state(
@@ -203,8 +215,8 @@ nn::Tensors UnitState::post_forward(nn::Tensors outputs) {
   if (handle_) {
     record_execution(&UnitState::post_forward_order_);
     handle_->clear_substitutes();
-    const bool reshard_after_forward = !is_root_ && (options_.sharding_strategy == ShardingStrategy::FULL_SHARD ||
-                                                     options_.sharding_strategy == ShardingStrategy::HYBRID_SHARD);
+    const bool reshard_after_forward = !is_root() && (options_.sharding_strategy == ShardingStrategy::FULL_SHARD ||
+                                                      options_.sharding_strategy == ShardingStrategy::HYBRID_SHARD);
     reshard(reshard_after_forward && handle_->sharded());
     handle_->set_state(HandleTrainingState::IDLE, "post-forward", {HandleTrainingState::FORWARD});
   }
@@ -218,19 +230,19 @@ nn::Tensors UnitState::post_forward(nn::Tensors outputs) {
         return g;
       });
     }
-  } else if (is_root_) {
+  } else if (is_root()) {
     // No backward follows a no-grad forward: the root's end-of-backward work happens now.
     root_end_of_backward();
   }
   training_state_ = TrainingState::IDLE;  // as PyTorch's _post_forward; pre-backward re-enters
-  if (is_root_) exec_order_frozen_ = true;
+  if (is_root()) exec_order_frozen_ = true;
   return outputs;
 }
 
 // ------------------------------------------------------------------ backward
 
 void UnitState::pre_backward() {
-  if (is_root_ && !end_of_backward_queued_) {
+  if (is_root() && !end_of_backward_queued_) {
     end_of_backward_queued_ = true;
     std::weak_ptr<UnitState> weak = weak_from_this();
     torch::autograd::Engine::get_default_engine().queue_callback([weak] {

@@ -11,6 +11,17 @@
 
 namespace tdc::fsdp1 {
 
+// [Note: an FSDP1 unit's role] (PyTorch's _is_root: None, then True or False)
+// A unit's role is UNSET until a lazy init: the first unit whose forward runs (or that a state
+// dict, summon_full_params or clip_grad_norm_ initialises) becomes the ROOT of every unit below
+// it, and those become NON_ROOT. UNSET -> ROOT or UNSET -> NON_ROOT, once; NON_ROOT -> NON_ROOT
+// when a tree is wrapped again (PyTorch relaxes its assert for that). A ROOT never becomes
+// NON_ROOT: a unit that was initialised as a root and then wrapped by another unit is refused
+// naming both, as PyTorch's _lazy_init asserts ("Non-root FSDP instance's `_is_root` should not
+// have been set yet or should have been set to `False`").
+enum class UnitRole { UNSET, ROOT, NON_ROOT };
+const char* to_string(UnitRole role);
+
 class UnitState : public std::enable_shared_from_this<UnitState> {
  public:
   UnitState(FSDPOptions options, comm::GroupPtr shard_pg, comm::GroupPtr replicate_pg,
@@ -34,7 +45,7 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   // ---- state
   TrainingState training_state() const { return training_state_; }
   void set_training_state(TrainingState next, const char* action, std::initializer_list<TrainingState> allowed);
-  bool is_root() const { return is_root_; }
+  bool is_root() const { return role_ == UnitRole::ROOT; }
   bool sync_gradients = true;
   StateDictType state_dict_type = StateDictType::FULL_STATE_DICT;
   // Throws std::logic_error naming the unit when called inside forward/backward (action: what).
@@ -77,7 +88,7 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   FullyShardedDataParallel* wrapper_ = nullptr;
   std::string label_;
   TrainingState training_state_ = TrainingState::IDLE;
-  bool lazy_inited_ = false, is_root_ = false;
+  UnitRole role_ = UnitRole::UNSET;
   UnitState* root_ = nullptr;
   std::vector<UnitState*> tree_;  // root: every unit below it, itself first
   // Root: units with parameters in the order of their pre-forwards and of their post-forwards in

@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include "tdc/core/lifecycle.h"
 #include "tdc/ddp/ddp.h"
 
 namespace tdc::pipelining {
@@ -124,6 +125,27 @@ P2POps post_recvs(nn::Tensors& buffers, int src, const comm::GroupPtr& group) {
 
 }  // namespace
 
+const char* to_string(MicrobatchPhase phase) {
+  switch (phase) {
+    case MicrobatchPhase::PENDING:
+      return "PENDING";
+    case MicrobatchPhase::FORWARDED:
+      return "FORWARDED";
+    case MicrobatchPhase::INPUT_GRAD_DONE:
+      return "INPUT_GRAD_DONE";
+    case MicrobatchPhase::BACKWARD_DONE:
+      return "BACKWARD_DONE";
+  }
+  return "?";
+}
+
+void PipelineStage::Impl::check_phase(int mb, const char* action, MicrobatchPhase now,
+                                      std::initializer_list<MicrobatchPhase> allowed) const {
+  core::check_transition(now, allowed, [&](const std::string& is, const std::string& needs) {
+    throw ScheduleError(fmt::format("{}: {} of microbatch {} while {}; it needs {}", label(), action, mb, is, needs));
+  });
+}
+
 P2POps PipelineStage::Impl::post_recv_activations(int mb) {
   if (!input_meta) throw ScheduleError(fmt::format("{}: RECV_F before the stage's input shapes are known", label()));
   return post_recvs(buffers_for(act_buffers, mb, *input_meta, device), rank_of_stage(stage_index - 1), group);
@@ -131,7 +153,7 @@ P2POps PipelineStage::Impl::post_recv_activations(int mb) {
 
 P2POps PipelineStage::Impl::post_send_activations(int mb) {
   const MicrobatchState& st = mbs.at(mb);
-  if (!st.forwarded) {
+  if (st.phase == MicrobatchPhase::PENDING) {
     throw ScheduleError(fmt::format("{}: SEND_F of microbatch {} before its forward ran", label(), mb));
   }
   return post_sends(st.outputs, rank_of_stage(stage_index + 1), group);
@@ -146,7 +168,7 @@ P2POps PipelineStage::Impl::post_recv_grads(int mb) {
 
 P2POps PipelineStage::Impl::post_send_grads(int mb) {
   const MicrobatchState& st = mbs.at(mb);
-  if (!st.input_backward_done && !st.backward_done) {
+  if (st.phase != MicrobatchPhase::INPUT_GRAD_DONE && st.phase != MicrobatchPhase::BACKWARD_DONE) {
     throw ScheduleError(fmt::format("{}: SEND_B of microbatch {} before its backward ran", label(), mb));
   }
   return post_sends(st.input_grads, rank_of_stage(stage_index - 1), group);
@@ -172,7 +194,9 @@ nn::Tensors as_leaves(const nn::Tensors& received, const std::vector<TensorMeta>
 nn::Tensors PipelineStage::Impl::forward(int mb, const nn::Tensors& chunk, const at::Tensor& target,
                                          const LossFn& loss_fn, const nn::Tensors* local_inputs) {
   MicrobatchState& st = mbs.at(mb);
-  if (st.forwarded) throw ScheduleError(fmt::format("{}: microbatch {} forwarded twice in one step", label(), mb));
+  if (st.phase != MicrobatchPhase::PENDING) {
+    throw ScheduleError(fmt::format("{}: microbatch {} forwarded twice in one step", label(), mb));
+  }
   nn::Tensors inputs;
   if (stage_index == 0) {
     inputs = chunk;
@@ -206,7 +230,7 @@ nn::Tensors PipelineStage::Impl::forward(int mb, const nn::Tensors& chunk, const
   }
   st.inputs = std::move(inputs);
   st.outputs = outputs;
-  st.forwarded = true;
+  st.phase = MicrobatchPhase::FORWARDED;
   return outputs;
 }
 
@@ -235,7 +259,17 @@ nn::Tensors params_requiring_grad(nn::Module& m) {
 // backward, as in PyTorch.
 void PipelineStage::Impl::backward(int mb, BackwardKind kind, bool last_backward, const nn::Tensors* local_grads) {
   MicrobatchState& st = mbs.at(mb);
-  if (!st.forwarded) throw ScheduleError(fmt::format("{}: backward of microbatch {} before its forward", label(), mb));
+  if (st.phase == MicrobatchPhase::PENDING) {
+    throw ScheduleError(fmt::format("{}: backward of microbatch {} before its forward", label(), mb));
+  }
+  if (kind == BackwardKind::Weight && st.phase == MicrobatchPhase::FORWARDED) {
+    throw ScheduleError(fmt::format("{}: W of microbatch {} before its I", label(), mb));
+  }
+  check_phase(mb,
+              kind == BackwardKind::Full    ? "B"
+              : kind == BackwardKind::Input ? "I"
+                                            : "W",
+              st.phase, {kind == BackwardKind::Weight ? MicrobatchPhase::INPUT_GRAD_DONE : MicrobatchPhase::FORWARDED});
   if (!has_backward) throw ScheduleError(fmt::format("{}: backward in a schedule without a loss_fn", label()));
   nn::Tensors roots, root_grads;
   if (stage_index == num_stages - 1) {
@@ -265,7 +299,7 @@ void PipelineStage::Impl::backward(int mb, BackwardKind kind, bool last_backward
     case BackwardKind::Full:
       run_backward_with_dp(kind, last_backward, [&] { torch::autograd::backward(roots, root_grads, false, false); });
       input_grads_from_leaves();
-      st.backward_done = true;
+      st.phase = MicrobatchPhase::BACKWARD_DONE;
       break;
     case BackwardKind::Input:
       if (!inputs_with_grad.empty()) {
@@ -280,20 +314,17 @@ void PipelineStage::Impl::backward(int mb, BackwardKind kind, bool last_backward
           }
         });
       }
-      st.input_backward_done = true;
+      st.phase = MicrobatchPhase::INPUT_GRAD_DONE;
       break;
     case BackwardKind::Weight: {
-      if (!st.input_backward_done) {
-        throw ScheduleError(fmt::format("{}: W of microbatch {} before its I", label(), mb));
-      }
       nn::Tensors params = params_requiring_grad(*submod);
       run_backward_with_dp(kind, last_backward,
                            [&] { torch::autograd::backward(roots, root_grads, false, false, params); });
-      st.backward_done = true;
+      st.phase = MicrobatchPhase::BACKWARD_DONE;
       break;
     }
   }
-  if (st.backward_done) {
+  if (st.phase == MicrobatchPhase::BACKWARD_DONE) {
     st.outputs = {};  // the graph is freed; keep nothing alive past the last backward
     st.loss = st.loss.defined() ? st.loss.detach() : st.loss;
   }

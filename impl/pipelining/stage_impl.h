@@ -3,6 +3,7 @@
 // kinds of backward, and the data-parallel hooks (data_parallel.cpp).
 #pragma once
 
+#include <initializer_list>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -39,21 +40,32 @@ enum class BackwardKind { Full, Input, Weight };
 // The data parallelism wrapped around a stage's module.
 enum class DataParallel { None, DDP, FSDP };
 
+// [Note: a microbatch's phase] One microbatch on one stage, within a step:
+//   PENDING -> FORWARDED -> BACKWARD_DONE                        (B: full backward)
+//   PENDING -> FORWARDED -> INPUT_GRAD_DONE -> BACKWARD_DONE      (I, then W: zero bubble)
+// SEND_F needs FORWARDED or later, SEND_B INPUT_GRAD_DONE or BACKWARD_DONE. Every transition is
+// checked; a schedule that breaks one gets a ScheduleError naming the stage, the action, the
+// microbatch and both phases. begin_step() puts every microbatch back to PENDING.
+enum class MicrobatchPhase { PENDING, FORWARDED, INPUT_GRAD_DONE, BACKWARD_DONE };
+const char* to_string(MicrobatchPhase phase);
+
 // One microbatch's state between its forward and its backward(s).
 struct MicrobatchState {
   nn::Tensors inputs;   // leaves (received) or the caller's chunk (first stage)
   nn::Tensors outputs;  // as the module returned them
   at::Tensor loss;      // last stage with a loss_fn
   nn::Tensors input_grads;
-  bool forwarded = false;
-  bool input_backward_done = false;  // I ran; W still needs the graph
-  bool backward_done = false;
+  MicrobatchPhase phase = MicrobatchPhase::PENDING;
 };
 
 struct PipelineStage::Impl {
   Impl(nn::ModulePtr submod, int stage_index, int num_stages, c10::Device device, comm::GroupPtr group);
 
   std::string label() const;  // "PipelineStage 2 (rank 0 of the pipeline group)"
+  // [Note: a microbatch's phase]: throws ScheduleError naming the action, `mb` and both phases
+  // unless `now` is in `allowed`.
+  void check_phase(int mb, const char* action, MicrobatchPhase now,
+                   std::initializer_list<MicrobatchPhase> allowed) const;
   int rank_of_stage(int stage) const;
 
   // ---------------------------------------------------------------- per step

@@ -90,6 +90,12 @@ std::string kind_name(const StateDictValue& value) {
   return "JSON value";
 }
 
+std::vector<int64_t> global_shape(const StateDictValue& value) {
+  if (const auto* d = std::get_if<DTensor>(&value)) return d->shape();
+  if (const auto* t = std::get_if<at::Tensor>(&value)) return t->sizes().vec();
+  throw std::invalid_argument("tdc::checkpoint: a JSON value has no shape");
+}
+
 const at::Tensor& local_tensor(const StateDictValue& value) {
   if (const auto* d = std::get_if<DTensor>(&value)) return d->to_local();
   if (const auto* t = std::get_if<at::Tensor>(&value)) return *t;

@@ -12,7 +12,7 @@
 
 #include <string>
 
-#include "tdc/checkpoint/state_dict.h"
+#include "tdc/checkpoint/state_dict_value.h"
 #include "tdc/comm/process_group.h"
 
 namespace tdc::checkpoint {

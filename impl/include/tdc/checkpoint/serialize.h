@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "tdc/checkpoint/state_dict.h"
+#include "tdc/checkpoint/state_dict_value.h"
 #include "tdc/device_mesh.h"
 
 namespace tdc::checkpoint {

@@ -203,7 +203,7 @@ class FullyShardedDataParallel : public nn::Module {
   bool uses_dtensor_extension() const;
 
   // PyTorch's FSDP.optim_state_dict, FSDP.sharded_optim_state_dict and FSDP.optim_state_dict_to_load
-  // are checkpoint::fsdp1_optim_state_dict & co (tdc/checkpoint/state_dict.h): they are the
+  // are checkpoint::fsdp1_optim_state_dict & co (tdc/state_dict/state_dict.h): they are the
   // state-dict API's optimizer state dicts, and FSDP1 stays below that API (docs/decisions.md).
 
   // Internal: the runtime behind the wrapper.

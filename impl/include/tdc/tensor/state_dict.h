@@ -6,7 +6,7 @@
 //               "state.layers.0.weight.step"    -> 0-dim float32 tensor (PyTorch's form),
 //               "param_groups"                  -> JSON: [{"lr": ..., ..., "params": [FQNs]}].
 // Copying a StateDict copies tensor handles, not data: a loaded entry writes into the tensor the
-// model or optimizer holds. The state-dict API (tdc/checkpoint/state_dict.h) names these
+// model or optimizer holds. The state-dict API (tdc/state_dict/state_dict.h) names these
 // checkpoint::StateDict and checkpoint::Value.
 #pragma once
 
@@ -63,5 +63,8 @@ const DTensor& as_dtensor(const StateDict& sd, const std::string& key);
 const at::Tensor& local_tensor(const StateDictValue& value);
 // "tensor", "DTensor [Shard(0)] on DeviceMesh(...)", "JSON value": for messages.
 std::string kind_name(const StateDictValue& value);
+// The entry's global shape (a DTensor's logical shape, or the tensor's); std::invalid_argument for
+// a JSON value.
+std::vector<int64_t> global_shape(const StateDictValue& value);
 
 }  // namespace tdc::tensor

@@ -3,7 +3,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tdc/checkpoint/state_dict.h"
+#include "tdc/state_dict/state_dict.h"
 
 namespace tdc::conformance {
 

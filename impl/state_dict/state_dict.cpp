@@ -1,5 +1,5 @@
 // The model state dict (state_dict.h).
-#include "tdc/checkpoint/state_dict.h"
+#include "tdc/state_dict/state_dict.h"
 
 #include <algorithm>
 #include <stdexcept>

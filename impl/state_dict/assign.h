@@ -10,7 +10,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "tdc/checkpoint/state_dict.h"
+#include "tdc/state_dict/state_dict.h"
 
 namespace tdc::checkpoint::detail {
 

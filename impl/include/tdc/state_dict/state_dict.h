@@ -21,9 +21,9 @@
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
+#include "tdc/checkpoint/state_dict_value.h"
 #include "tdc/nn/module.h"
 #include "tdc/tensor/dtensor.h"
-#include "tdc/tensor/state_dict.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -33,12 +33,6 @@ class FullyShardedDataParallel;
 }
 
 namespace tdc::checkpoint {
-
-using Value = tensor::StateDictValue;
-using tensor::as_dtensor;
-using tensor::as_tensor;
-using tensor::local_tensor;
-using tensor::StateDict;
 
 struct StateDictOptions {
   // get: gather every sharded entry into a full tensor. set: the given dict holds full tensors

@@ -11,9 +11,26 @@
 #include "common.h"
 #include "tdc/checkpoint/errors.h"
 #include "tdc/comm/collectives.h"
+#include "tdc/tensor/detail/layout.h"
 
 namespace tdc::checkpoint::detail {
 namespace {
+
+// The rank's shard of `full` (the whole global tensor) laid out as `spec` on this rank.
+at::Tensor local_slice(const at::Tensor& full, const tensor::DTensorSpec& spec) {
+  const auto runs = tensor::detail::local_runs_at(spec, spec.mesh.get_coordinate());
+  at::Tensor out = full;
+  for (size_t d = 0; d < runs.size(); ++d) {
+    if (runs[d].size() == 1) {
+      out = out.narrow(static_cast<int64_t>(d), runs[d][0].start, runs[d][0].len);
+      continue;
+    }
+    std::vector<at::Tensor> pieces;
+    for (const auto& r : runs[d]) pieces.push_back(out.narrow(static_cast<int64_t>(d), r.start, r.len));
+    out = at::cat(pieces, static_cast<int64_t>(d));
+  }
+  return out;
+}
 
 bool is_tensor_value(const Value& v) { return !std::holds_alternative<nlohmann::json>(v); }
 

@@ -25,7 +25,7 @@
 #include "common.h"
 #include "fqn.h"
 #include "tdc/checkpoint/errors.h"
-#include "tdc/checkpoint/state_dict.h"
+#include "tdc/state_dict/state_dict.h"
 #include "tdc/core/optimizer_access.h"
 #include "tdc/fsdp1/fully_sharded_data_parallel.h"
 #include "tdc/fsdp1/optim_state.h"
