@@ -328,6 +328,71 @@ std::vector<Row> read_previous(const fs::path& file) {
   return rows;
 }
 
+// What `tdc compat`'s flags ask for.
+struct CompatRun {
+  std::vector<std::string> torches, suites;
+  fs::path source, out;
+  std::optional<fs::path> doc;
+};
+
+CompatRun parse_compat_run(const ParsedArgs& a) {
+  CompatRun r;
+  r.torches = a.get("torch") ? split_list(*a.get("torch")) : kSupportedTorch;
+  for (const auto& t : r.torches)
+    if (!contains(kSupportedTorch, t))
+      throw UsageError(fmt::format("compat: --torch names '{}', not a supported release (supported: {})", t,
+                                   fmt::join(kSupportedTorch, ", ")));
+  if (r.torches.empty()) throw UsageError("compat: --torch names no release");
+  r.suites = a.get("suites") ? split_list(*a.get("suites")) : kSuites;
+  for (const auto& s : r.suites)
+    if (!contains(kSuites, s))
+      throw UsageError(fmt::format("compat: --suites names '{}' (known: {})", s, fmt::join(kSuites, ", ")));
+  if (!contains(r.suites, "build")) r.suites.insert(r.suites.begin(), "build");
+  const char* root = std::getenv("TDC_ROOT");
+  r.source = root && *root ? fs::path(root) : fs::path();
+  if (r.source.empty() || !fs::exists(r.source / "tdc"))
+    throw UsageError("compat: cannot find the source tree's ./tdc (run it as ./tdc compat, which sets TDC_ROOT)");
+  r.out = fs::absolute(a.get("out") ? fs::path(*a.get("out")) : fs::path("results") / "compat");
+  if (auto d = a.get("doc")) r.doc = fs::absolute(*d);
+  return r;
+}
+
+// Writes this run's rows into OUT/compat.json as it is now (another `tdc compat` into the same
+// OUT may have added other releases meanwhile), under a lock; returns every row, in release order.
+std::vector<Row> save_rows(const CompatRun& r, const std::map<std::string, Row>& by_torch) {
+  const fs::path lock = r.out / ".compat.lock";
+  const int fd = ::open(lock.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  const std::unique_ptr<const int, void (*)(const int*)> closer(&fd, [](const int* f) {
+    if (*f >= 0) ::close(*f);  // (releases the lock)
+  });
+  if (fd < 0 || ::flock(fd, LOCK_EX) != 0)
+    throw std::runtime_error(fmt::format("compat: cannot lock '{}'", lock.string()));
+  std::map<std::string, Row> now;
+  for (Row& row : read_previous(r.out / "compat.json")) now[row.torch] = std::move(row);
+  for (const auto& t : r.torches)
+    if (auto it = by_torch.find(t); it != by_torch.end()) now[t] = it->second;
+  std::vector<Row> rows;
+  for (const auto& t : kSupportedTorch)
+    if (auto it = now.find(t); it != now.end()) rows.push_back(it->second);
+  write_file(r.out / "compat.json", to_json(rows).dump(2) + "\n");
+  return rows;
+}
+
+// The seed runs side by side: the report's matrix gets a column per release.
+void write_compat_report(const CompatRun& r, const std::vector<Row>& rows) {
+  ReportInput in;
+  for (const Row& row : rows)
+    if (fs::exists(r.out / row.torch / "seed" / "results.json"))
+      in.runs.push_back(load_run(r.out / row.torch / "seed", "torch " + row.torch));
+  if (in.runs.empty()) return;
+  in.generated_at = harness::iso_now();
+  if (fs::exists(seed_table_path(r.source))) in.seed = read_seed_table(seed_table_path(r.source));
+  for (const Row& row : rows)
+    if (fs::path p = r.out / row.torch / "parity" / "parity.json"; fs::is_regular_file(p))
+      in.parity.push_back(read_parity(p));
+  write_report(in, r.out);
+}
+
 }  // namespace
 
 int compat_command(const std::vector<std::string>& args) {
@@ -336,89 +401,37 @@ int compat_command(const std::vector<std::string>& args) {
     fmt::print("{}{}", kCompatUsage, format_options(kCompatOptions));
     return kExitOk;
   }
-  std::vector<std::string> torches = a.get("torch") ? split_list(*a.get("torch")) : kSupportedTorch;
-  for (const auto& t : torches)
-    if (!contains(kSupportedTorch, t))
-      throw UsageError(fmt::format("compat: --torch names '{}', not a supported release (supported: {})", t,
-                                   fmt::join(kSupportedTorch, ", ")));
-  if (torches.empty()) throw UsageError("compat: --torch names no release");
-  std::vector<std::string> suites = a.get("suites") ? split_list(*a.get("suites")) : kSuites;
-  for (const auto& s : suites)
-    if (!contains(kSuites, s))
-      throw UsageError(fmt::format("compat: --suites names '{}' (known: {})", s, fmt::join(kSuites, ", ")));
-  if (!contains(suites, "build")) suites.insert(suites.begin(), "build");
-  const char* root = std::getenv("TDC_ROOT");
-  fs::path source = root && *root ? fs::path(root) : fs::path();
-  if (source.empty() || !fs::exists(source / "tdc"))
-    throw UsageError("compat: cannot find the source tree's ./tdc (run it as ./tdc compat, which sets TDC_ROOT)");
-  fs::path out = fs::absolute(a.get("out") ? fs::path(*a.get("out")) : fs::path("results") / "compat");
-  fs::create_directories(out);
-  std::optional<fs::path> doc;
-  if (auto d = a.get("doc")) {
-    doc = fs::absolute(*d);
-    write_doc(*doc, std::nullopt);  // checks the markers before hours of builds
-  }
-
+  const CompatRun r = parse_compat_run(a);
+  fs::create_directories(r.out);
+  if (r.doc) write_doc(*r.doc, std::nullopt);  // checks the markers before hours of builds
   // [Note: compat rows accumulate]
   std::map<std::string, Row> by_torch;
-  for (Row& r : read_previous(out / "compat.json")) by_torch[r.torch] = std::move(r);
-  // Writes this run's rows into OUT/compat.json as it is now (another `tdc compat` into the same
-  // OUT may have added other releases meanwhile), under a lock; returns every row, in release order.
-  auto save = [&] {
-    const int fd = ::open((out / ".compat.lock").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-    const std::unique_ptr<const int, void (*)(const int*)> closer(&fd, [](const int* f) {
-      if (*f >= 0) ::close(*f);  // (releases the lock)
-    });
-    if (fd < 0 || ::flock(fd, LOCK_EX) != 0)
-      throw std::runtime_error(fmt::format("compat: cannot lock '{}'", (out / ".compat.lock").string()));
-    std::map<std::string, Row> now;
-    for (Row& r : read_previous(out / "compat.json")) now[r.torch] = std::move(r);
-    for (const auto& t : torches)
-      if (by_torch.count(t)) now[t] = by_torch[t];
-    std::vector<Row> rows;
-    for (const auto& t : kSupportedTorch)
-      if (auto it = now.find(t); it != now.end()) rows.push_back(it->second);
-    write_file(out / "compat.json", to_json(rows).dump(2) + "\n");
-    return rows;
-  };
-  for (const auto& t : torches) {
+  for (Row& row : read_previous(r.out / "compat.json")) by_torch[row.torch] = std::move(row);
+  for (const auto& t : r.torches) {
     Row& row = by_torch[t];
     row.torch = t;
     for (const auto& s : kSuites) {
-      if (!contains(suites, s)) continue;
+      if (!contains(r.suites, s)) continue;
       if (s != "build" && row.cells["build"].status != "PASS") {
         row.cells[s] = Cell{.detail = "the build failed"};
         continue;
       }
-      run_cell(source, out, row, s);
+      run_cell(r.source, r.out, row, s);
       if (interrupted()) return kExitInterrupted;
-      save();  // each cell as it ends
+      save_rows(r, by_torch);  // each cell as it ends
     }
   }
-  const std::vector<Row> rows = save();
+  const std::vector<Row> rows = save_rows(r, by_torch);
   bool all_pass = true;  // of the cells this run ran
-  for (const auto& t : torches)
-    for (const auto& s : suites)
+  for (const auto& t : r.torches)
+    for (const auto& s : r.suites)
       if (by_torch[t].cells[s].status != "PASS") all_pass = false;
   const std::string matrix = render_matrix(rows);
-  write_file(out / "compat.md", "# tdc compat\n\n" + matrix);
-  if (doc) write_doc(*doc, matrix);
-
-  // The seed runs side by side: the report's matrix gets a column per release.
-  ReportInput in;
-  for (const Row& r : rows)
-    if (fs::exists(out / r.torch / "seed" / "results.json"))
-      in.runs.push_back(load_run(out / r.torch / "seed", "torch " + r.torch));
-  if (!in.runs.empty()) {
-    in.generated_at = harness::iso_now();
-    if (fs::exists(seed_table_path(source))) in.seed = read_seed_table(seed_table_path(source));
-    for (const Row& r : rows)
-      if (fs::path p = out / r.torch / "parity" / "parity.json"; fs::is_regular_file(p))
-        in.parity.push_back(read_parity(p));
-    write_report(in, out);
-  }
+  write_file(r.out / "compat.md", "# tdc compat\n\n" + matrix);
+  if (r.doc) write_doc(*r.doc, matrix);
+  write_compat_report(r, rows);
   fmt::print("{}\ntdc compat: {} (OUT: {})\n", matrix, all_pass ? "every cell passed" : "some cells did not pass",
-             out.string());
+             r.out.string());
   return all_pass ? kExitOk : kExitFailed;
 }
 

@@ -111,10 +111,8 @@ std::vector<fs::path> parse_binaries(const std::string& value, const Options& o)
   return out;
 }
 
-Options parse_options(const ParsedArgs& a) {
-  Options o;
-  const std::string cmd = "run";
-  if (auto v = a.get("filter")) o.filter = *v;
+// The flags every test binary of the run gets (--tdc_*), each checked here first.
+void parse_binary_flags(const ParsedArgs& a, Options& o) {
   if (auto v = a.get("launcher")) {
     static const std::set<std::string> kLaunchers = {"fork", "thread", "spawn", "env"};
     if (!kLaunchers.count(*v))
@@ -140,24 +138,25 @@ Options parse_options(const ParsedArgs& a) {
     o.implementation = *v;
     o.forwarded.push_back("--tdc_implementation=" + *v);
   }
-  if (auto v = a.get("impl")) o.impl = fs::absolute(*v);
+  if (auto v = a.get("timeout")) {
+    double t = parse_seconds("run", "timeout", *v);
+    o.forwarded.push_back(fmt::format("--tdc_timeout={}", t));
+    o.idle_timeout_s = std::max(o.idle_timeout_s, 2 * t + 60);
+  }
+  if (auto v = a.get("expectations")) {
+    o.expectations = fs::absolute(*v);
+    harness::read_expectations(*o.expectations);  // fail now, naming the file and field
+    o.forwarded.push_back("--tdc_expectations=" + o.expectations->string());
+  }
+}
+
+// Which test binaries: --suites or --kind from tdc_suites.json, or --binary.
+void parse_selection(const ParsedArgs& a, Options& o) {
   if (auto v = a.get("suites")) {
     std::stringstream in(*v);
     for (std::string name; std::getline(in, name, ',');)
       if (!name.empty()) o.suites.push_back(name);
     if (o.suites.empty()) throw UsageError(fmt::format("run: --suites needs binary names, got '{}'", *v));
-  }
-  o.stop_on_failure = a.has("stop-on-failure");
-  if (auto v = a.get("timeout")) {
-    double t = parse_seconds(cmd, "timeout", *v);
-    o.forwarded.push_back(fmt::format("--tdc_timeout={}", t));
-    o.idle_timeout_s = std::max(o.idle_timeout_s, 2 * t + 60);
-  }
-  if (auto v = a.get("idle-timeout")) o.idle_timeout_s = parse_seconds(cmd, "idle-timeout", *v);
-  if (auto v = a.get("expectations")) {
-    o.expectations = fs::absolute(*v);
-    harness::read_expectations(*o.expectations);  // fail now, naming the file and field
-    o.forwarded.push_back("--tdc_expectations=" + o.expectations->string());
   }
   if (auto v = a.get("kind")) {
     if (*v != "conformance" && *v != "unit" && *v != "mustfail")
@@ -165,15 +164,10 @@ Options parse_options(const ParsedArgs& a) {
     o.kind = *v;
   }
   if (auto v = a.get("binary")) o.binaries = parse_binaries(*v, o);
-  o.out = fs::absolute(a.get("out").value_or("results"));
-  o.build = resolve_build_dir(a.get("build-dir"));
-  o.check = a.has("check");
-  o.no_report = a.has("no-report");
-  if (auto v = a.get("repeat")) o.repeat = parse_positive_int(cmd, "repeat", *v);
-  if (auto v = a.get("durations")) {
-    if (!fs::is_regular_file(*v)) throw UsageError(fmt::format("run: --durations '{}' is not a file", *v));
-    o.durations = fs::absolute(*v);
-  }
+}
+
+// How many test processes at once, and where this rank writes under an external launcher.
+void parse_processes(const ParsedArgs& a, Options& o) {
   if (o.launcher == "env") {
     try {
       if (auto r = harness::external_rank()) o.external_rank = std::max(r->rank, 0);
@@ -184,7 +178,7 @@ Options parse_options(const ParsedArgs& a) {
   }
   o.jobs = default_jobs(o.device, o.launcher, std::thread::hardware_concurrency());
   if (auto v = a.get("jobs")) {
-    o.jobs = parse_positive_int(cmd, "jobs", *v);
+    o.jobs = parse_positive_int("run", "jobs", *v);
     // Every rank's `tdc run` under an external launcher must start the same test at the same time.
     if (o.launcher == "env" && o.jobs > 1)
       throw UsageError(
@@ -192,6 +186,26 @@ Options parse_options(const ParsedArgs& a) {
                       "run one test at a time (--jobs 1)",
                       o.jobs));
   }
+}
+
+Options parse_options(const ParsedArgs& a) {
+  Options o;
+  if (auto v = a.get("filter")) o.filter = *v;
+  parse_binary_flags(a, o);
+  parse_selection(a, o);
+  if (auto v = a.get("impl")) o.impl = fs::absolute(*v);
+  o.stop_on_failure = a.has("stop-on-failure");
+  if (auto v = a.get("idle-timeout")) o.idle_timeout_s = parse_seconds("run", "idle-timeout", *v);
+  o.out = fs::absolute(a.get("out").value_or("results"));
+  o.build = resolve_build_dir(a.get("build-dir"));
+  o.check = a.has("check");
+  o.no_report = a.has("no-report");
+  if (auto v = a.get("repeat")) o.repeat = parse_positive_int("run", "repeat", *v);
+  if (auto v = a.get("durations")) {
+    if (!fs::is_regular_file(*v)) throw UsageError(fmt::format("run: --durations '{}' is not a file", *v));
+    o.durations = fs::absolute(*v);
+  }
+  parse_processes(a, o);
   return o;
 }
 

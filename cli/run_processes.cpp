@@ -153,85 +153,108 @@ class ShardRunner {
   }
 
   BinaryOutcome finish() {
-    const Binary& b = b_;
-    const fs::path raw = raw_, log = this->log();
     if (ending_ == Ending::kRunning) throw std::logic_error("ShardRunner::finish: " + label_ + " has not ended");
-    const bool idle_killed = ending_ == Ending::kIdleKilled, was_interrupted = ending_ == Ending::kInterrupted;
+    const Exit exit = reap();
+    BinaryOutcome out;
+    out.interrupted = ending_ == Ending::kInterrupted;
+    if (ending_ == Ending::kStopped) {
+      add_event_records(out);
+      if (running_) progress_.test_stopped(*running_);
+      return out;
+    }
+    const std::string results_error = read_results_file(out);
+    if (out.results) {
+      out.tests = out.results->tests;
+      if (!exit.clean || ending_ == Ending::kIdleKilled)
+        add_with_log(out, make_record(b_.name, "(binary)", exit.crash_status, exit.duration,
+                                      fmt::format("{} {} after writing its results; log {}:\n{}", b_.name, exit.how,
+                                                  log().string(), exit.log_tail)));
+      return out;
+    }
+    return without_results(std::move(out), exit, results_error);
+  }
+
+ private:
+  // How the process ended, as the records put it.
+  struct Exit {
+    int status = 0;
+    double duration = 0;
+    bool clean = false;  // exited with 0 or 1 (GoogleTest's "some test failed")
+    std::string how;     // "exited with 3", "was interrupted", ...
+    Status crash_status = Status::Crash;
+    std::string log_tail;
+  };
+
+  Exit reap() {
     ::close(ev_);
     ev_ = -1;
-    int status = child_.wait();
-    double duration = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    Exit e;
+    e.status = child_.wait();
+    e.duration = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
     if (child_.left_processes())
       progress_.note(
           fmt::format("warning: {} left processes running in its process group after "
                       "it exited; tdc killed them",
                       label_));
-    BinaryOutcome out;
-    out.interrupted = was_interrupted;
-    if (ending_ == Ending::kStopped) {
-      for (const EventEnd& e : ended_) {
-        auto [suite, name] = split_id(e.id);
-        out.tests.push_back(make_record(suite, name, e.status, e.duration_s, e.message));
-      }
-      if (running_) progress_.test_stopped(*running_);
-      return out;
-    }
-    std::string results_error;
-    if (fs::exists(raw)) {
-      try {
-        out.results = harness::read_results(raw);
-      } catch (const std::exception& e) {
-        results_error = e.what();
-      }
-    } else {
-      results_error = fmt::format("no results file '{}'", raw.string());
-    }
-    std::string tail = file_tail(log, 30);
-    bool clean_exit = WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == 1);
-    std::string how = idle_killed ? fmt::format("was killed after {:.0f} s without a test event", o_.idle_timeout_s)
-                      : was_interrupted ? "was interrupted"
-                                        : describe_exit(status);
-    Status crash_status = idle_killed ? Status::Timeout : Status::Crash;
-    auto add_with_log = [&](TestResult t) {
-      out.with_log_tail.insert(t.id);
-      out.tests.push_back(std::move(t));
-    };
+    const bool idle_killed = ending_ == Ending::kIdleKilled;
+    e.clean = WIFEXITED(e.status) && (WEXITSTATUS(e.status) == 0 || WEXITSTATUS(e.status) == 1);
+    e.how = idle_killed ? fmt::format("was killed after {:.0f} s without a test event", o_.idle_timeout_s)
+            : ending_ == Ending::kInterrupted ? "was interrupted"
+                                              : describe_exit(e.status);
+    e.crash_status = idle_killed ? Status::Timeout : Status::Crash;
+    e.log_tail = file_tail(log(), 30);
+    return e;
+  }
 
-    if (out.results) {
-      out.tests = out.results->tests;
-      if (!clean_exit || idle_killed)
-        add_with_log(
-            make_record(b.name, "(binary)", crash_status, duration,
-                        fmt::format("{} {} after writing its results; log {}:\n{}", b.name, how, log.string(), tail)));
-      return out;
+  // The binary's own results file into out.results; "" or why it is missing or unusable.
+  std::string read_results_file(BinaryOutcome& out) const {
+    if (!fs::exists(raw_)) return fmt::format("no results file '{}'", raw_.string());
+    try {
+      out.results = harness::read_results(raw_);
+    } catch (const std::exception& e) {
+      return e.what();
     }
-    // No usable results file: keep what the event stream reported, then say what happened.
+    return "";
+  }
+
+  void add_event_records(BinaryOutcome& out) const {
     for (const EventEnd& e : ended_) {
       auto [suite, name] = split_id(e.id);
       out.tests.push_back(make_record(suite, name, e.status, e.duration_s, e.message));
     }
+  }
+
+  static void add_with_log(BinaryOutcome& out, TestResult t) {
+    out.with_log_tail.insert(t.id);
+    out.tests.push_back(std::move(t));
+  }
+
+  // No usable results file: keep what the event stream reported, then say what happened.
+  BinaryOutcome without_results(BinaryOutcome out, const Exit& exit, const std::string& results_error) {
+    const bool was_interrupted = ending_ == Ending::kInterrupted, idle_killed = ending_ == Ending::kIdleKilled;
+    add_event_records(out);
     size_t reported = ended_.size();
     if (running_) {
       auto [suite, name] = split_id(*running_);
       double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - running_since_).count();
-      add_with_log(make_record(suite, name, crash_status, t,
-                               fmt::format("{} {} while running this test ({}); log {}:\n{}", b.name, how,
-                                           results_error, log.string(), tail)));
-      progress_.test_ended(*running_, crash_status, t, out.tests.back().message);
+      add_with_log(out, make_record(suite, name, exit.crash_status, t,
+                                    fmt::format("{} {} while running this test ({}); log {}:\n{}", b_.name, exit.how,
+                                                results_error, log().string(), exit.log_tail)));
+      progress_.test_ended(*running_, exit.crash_status, t, out.tests.back().message);
       ++reported;
       out.died_in_test = !was_interrupted;
     }
-    if (!running_ || (clean_exit && !idle_killed && !was_interrupted)) {
-      add_with_log(make_record(b.name, "(binary)", clean_exit && !was_interrupted ? Status::Fail : crash_status,
-                               duration,
-                               fmt::format("{} {} without usable results ({}); {} of {} listed tests reported; log "
-                                           "{}:\n{}",
-                                           b.name, how, results_error, reported, b.tests.size(), log.string(), tail)));
+    if (!running_ || (exit.clean && !idle_killed && !was_interrupted)) {
+      add_with_log(out, make_record(b_.name, "(binary)",
+                                    exit.clean && !was_interrupted ? Status::Fail : exit.crash_status, exit.duration,
+                                    fmt::format("{} {} without usable results ({}); {} of {} listed tests reported; "
+                                                "log {}:\n{}",
+                                                b_.name, exit.how, results_error, reported, b_.tests.size(),
+                                                log().string(), exit.log_tail)));
     }
     return out;
   }
 
- private:
   void end_as(Ending e) {
     if (ending_ != Ending::kRunning)
       throw std::logic_error(fmt::format("ShardRunner {}: ending {} after ending {}", label_, static_cast<int>(e),
@@ -350,97 +373,127 @@ struct Slot {
 
 std::string join_filter(const std::vector<std::string>& tests) { return fmt::format("{}", fmt::join(tests, ":")); }
 
+// The processes of one repeat: those waiting, those running, and the outcomes of those ended.
+class ShardLoop {
+ public:
+  ShardLoop(const Options& o, Progress& progress, bool& was_interrupted)
+      : o_(o), progress_(progress), was_interrupted_(was_interrupted) {}
+
+  void enqueue(const std::vector<Binary>& binaries, const std::vector<Shard>& plan, int rep) {
+    for (const Shard& sh : plan) {
+      const Binary& b = binaries[sh.binary];
+      Binary part = b;
+      if (sh.of > 1) {
+        part.tests = sh.tests;
+        part.filter = join_filter(sh.tests);
+      }
+      std::string label = b.name;
+      if (sh.of > 1) label += fmt::format(".shard{}", sh.index + 1);
+      if (o_.repeat > 1) label += fmt::format(".rep{}", rep + 1);
+      queue_.push_back(
+          Slot{std::make_unique<ShardRunner>(o_, progress_, std::move(part), label), sh.binary, sh.index, 0, label});
+    }
+  }
+
+  std::vector<ShardOutcome> run() {
+    while (!running_.empty() || (!queue_.empty() && !stop_ && !was_interrupted_)) {
+      start_ready();
+      wait_for_events();
+      if (interrupted() != 0 && !was_interrupted_) {
+        was_interrupted_ = true;
+        for (Slot& s : running_) s.runner->interrupt();
+      }
+      for (size_t i = 0; i < running_.size();) {
+        if (service(running_[i]))
+          ++i;
+        else
+          running_.erase(running_.begin() + static_cast<long>(i));
+      }
+      progress_.tick();
+    }
+    return std::move(outcomes_);
+  }
+
+ private:
+  void start_ready() {
+    while (!stop_ && !was_interrupted_ && static_cast<int>(running_.size()) < o_.jobs && !queue_.empty()) {
+      running_.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+      running_.back().runner->start();
+    }
+  }
+
+  void wait_for_events() const {
+    std::vector<pollfd> fds;
+    for (const Slot& s : running_)
+      if (int fd = s.runner->event_fd(); fd >= 0) fds.push_back({fd, POLLIN, 0});
+    if (fds.empty())
+      ::usleep(100 * 1000);
+    else
+      ::poll(fds.data(), fds.size(), 200);
+  }
+
+  // --stop-on-failure: a test failed in `where`; no process starts, every running one stops.
+  void stop_all(const std::string& where) {
+    stop_ = true;
+    fmt::print(stderr, "tdc run: a test failed in {}; stopping every test process (--stop-on-failure)\n", where);
+    for (Slot& other : running_) other.runner->stop_early();
+  }
+
+  // Services one running process; false once it ended for good (its outcome recorded).
+  bool service(Slot& s) {
+    bool done = s.runner->service();
+    if (o_.stop_on_failure && !stop_ && s.runner->saw_failure()) {
+      stop_all(s.runner->label());
+      done = true;
+    }
+    if (!done) return true;
+    ShardOutcome finished{s.binary, s.shard, s.resume, s.runner->finish(), s.runner->log()};
+    const Binary part = s.runner->part();
+    // [Note: one death costs one test] A process that dies inside a test (a crash of the
+    // process that runs the ranks: the thread launcher, or a bug in the harness itself) is
+    // started again for the tests it had not reported, each time in its own log
+    // (LABEL.resumeK.log), until every test of the shard has a record.
+    const std::vector<std::string> left = tests_not_reported(part, finished.outcome);
+    const bool go_on = finished.outcome.died_in_test && !finished.outcome.interrupted && !left.empty() &&
+                       left.size() < part.tests.size();
+    // A failure the event stream did not carry (the process died): stop the others too.
+    if (o_.stop_on_failure && !stop_ &&
+        std::any_of(finished.outcome.tests.begin(), finished.outcome.tests.end(),
+                    [](const TestResult& t) { return harness::is_failure(t.status); }))
+      stop_all(s.runner->label());
+    outcomes_.push_back(std::move(finished));
+    if (!go_on || was_interrupted_ || stop_) return false;
+    progress_.note(
+        fmt::format("{} died in a test; starting it again for its {} remaining tests", s.runner->label(), left.size()));
+    Binary rest = part;
+    rest.tests = left;
+    rest.filter = join_filter(left);
+    ++s.resume;
+    s.runner = std::make_unique<ShardRunner>(o_, progress_, std::move(rest),
+                                             fmt::format("{}.resume{}", s.base_label, s.resume));
+    s.runner->start();
+    return true;
+  }
+
+  const Options& o_;
+  Progress& progress_;
+  bool& was_interrupted_;
+  std::deque<Slot> queue_;
+  std::vector<Slot> running_;
+  std::vector<ShardOutcome> outcomes_;
+  bool stop_ = false;
+};
+
 // Runs repeat `rep` of the plan, up to o.jobs processes at once; returns every process's outcome.
 // With --stop-on-failure no further shard starts once one reported a failing test, and those
 // running are stopped (their finished tests keep their records). An interruption stops them all
 // and keeps what they reported.
 std::vector<ShardOutcome> run_shards(const Options& o, Progress& progress, const std::vector<Binary>& binaries,
                                      const std::vector<Shard>& plan, int rep, bool& was_interrupted) {
-  std::deque<Slot> queue;
-  for (const Shard& sh : plan) {
-    const Binary& b = binaries[sh.binary];
-    Binary part = b;
-    if (sh.of > 1) {
-      part.tests = sh.tests;
-      part.filter = join_filter(sh.tests);
-    }
-    std::string label = b.name;
-    if (sh.of > 1) label += fmt::format(".shard{}", sh.index + 1);
-    if (o.repeat > 1) label += fmt::format(".rep{}", rep + 1);
-    queue.push_back(
-        Slot{std::make_unique<ShardRunner>(o, progress, std::move(part), label), sh.binary, sh.index, 0, label});
-  }
-  std::vector<ShardOutcome> outcomes;
-  std::vector<Slot> running;
-  bool stop = false;
-  // --stop-on-failure: a test failed in `where`; no process starts, every running one stops.
-  auto stop_all = [&](const std::string& where) {
-    stop = true;
-    fmt::print(stderr, "tdc run: a test failed in {}; stopping every test process (--stop-on-failure)\n", where);
-    for (Slot& other : running) other.runner->stop_early();
-  };
-  while (!running.empty() || (!queue.empty() && !stop && !was_interrupted)) {
-    while (!stop && !was_interrupted && static_cast<int>(running.size()) < o.jobs && !queue.empty()) {
-      running.push_back(std::move(queue.front()));
-      queue.pop_front();
-      running.back().runner->start();
-    }
-    std::vector<pollfd> fds;
-    for (const Slot& s : running)
-      if (int fd = s.runner->event_fd(); fd >= 0) fds.push_back({fd, POLLIN, 0});
-    if (fds.empty())
-      ::usleep(100 * 1000);
-    else
-      ::poll(fds.data(), fds.size(), 200);
-    const bool interrupt_now = interrupted() != 0 && !was_interrupted;
-    if (interrupt_now) {
-      was_interrupted = true;
-      for (Slot& s : running) s.runner->interrupt();
-    }
-    for (size_t i = 0; i < running.size();) {
-      Slot& s = running[i];
-      bool done = s.runner->service();
-      if (o.stop_on_failure && !stop && s.runner->saw_failure()) {
-        stop_all(s.runner->label());
-        done = true;
-      }
-      if (!done) {
-        ++i;
-        continue;
-      }
-      ShardOutcome finished{s.binary, s.shard, s.resume, s.runner->finish(), s.runner->log()};
-      const Binary& part = s.runner->part();
-      // [Note: one death costs one test] A process that dies inside a test (a crash of the
-      // process that runs the ranks: the thread launcher, or a bug in the harness itself) is
-      // started again for the tests it had not reported, each time in its own log
-      // (LABEL.resumeK.log), until every test of the shard has a record.
-      const std::vector<std::string> left = tests_not_reported(part, finished.outcome);
-      const bool go_on = finished.outcome.died_in_test && !finished.outcome.interrupted && !left.empty() &&
-                         left.size() < part.tests.size();
-      // A failure the event stream did not carry (the process died): stop the others too.
-      if (o.stop_on_failure && !stop &&
-          std::any_of(finished.outcome.tests.begin(), finished.outcome.tests.end(),
-                      [](const TestResult& t) { return harness::is_failure(t.status); }))
-        stop_all(s.runner->label());
-      outcomes.push_back(std::move(finished));
-      if (go_on && !was_interrupted && !stop) {
-        progress.note(fmt::format("{} died in a test; starting it again for its {} remaining tests", s.runner->label(),
-                                  left.size()));
-        Binary rest = part;
-        rest.tests = left;
-        rest.filter = join_filter(left);
-        ++s.resume;
-        s.runner = std::make_unique<ShardRunner>(o, progress, std::move(rest),
-                                                 fmt::format("{}.resume{}", s.base_label, s.resume));
-        s.runner->start();
-        ++i;
-        continue;
-      }
-      running.erase(running.begin() + static_cast<long>(i));
-    }
-    progress.tick();
-  }
-  return outcomes;
+  ShardLoop loop(o, progress, was_interrupted);
+  loop.enqueue(binaries, plan, rep);
+  return loop.run();
 }
 
 // The records of one repeat in the binaries' order, each binary's tests in listed order, then

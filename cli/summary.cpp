@@ -68,7 +68,8 @@ void print_failures(const RunResults& r, const std::map<std::string, fs::path>& 
   for (const auto& t : r.tests) {
     if (!harness::is_failure(t.status)) continue;
     if (n++ == 0) fmt::print("\nFailures:\n");
-    fmt::print("\n{} {} ({})\n", harness::to_string(t.status), t.id, format_duration(t.duration_s));
+    fmt::print("\n{} {} ({}){}\n", harness::to_string(t.status), t.id, format_duration(t.duration_s),
+               t.file.empty() ? "" : fmt::format(" at {}:{}", t.file, t.line));
     std::string msg = t.message;
     if (std::count(msg.begin(), msg.end(), '\n') > 60) {
       size_t cut = 0;

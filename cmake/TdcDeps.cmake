@@ -12,6 +12,12 @@ find_path(TDC_GLOO_INCLUDE_DIR gloo/algorithm.h
 if(NOT TDC_GLOO_INCLUDE_DIR)
   message(FATAL_ERROR "gloo headers not found: install Debian's libgloo-dev (./tdc does this)")
 endif()
+# xxHash's reference implementation, compiled into libtdc's checkpoint files (XXH_INLINE_ALL):
+# the header only, no library at run time ([Note: the chunk checksum is XXH64]).
+find_path(TDC_XXHASH_INCLUDE_DIR xxhash.h DOC "xxHash's header (Debian: libxxhash-dev)")
+if(NOT TDC_XXHASH_INCLUDE_DIR)
+  message(FATAL_ERROR "xxhash.h not found: install Debian's libxxhash-dev (./tdc does this)")
+endif()
 
 # What LibTorch this build is against, for results.json and the report (tdc_build_info.json):
 # its release, the CUDA it was built with (torch/version.py; empty for a CPU build), the NCCL

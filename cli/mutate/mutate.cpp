@@ -224,87 +224,89 @@ void write_reports(const fs::path& out, const std::vector<Outcome>& outcomes, co
   std::ofstream(out / "mutation.md") << md;
 }
 
-}  // namespace
-
-int mutate_command(const std::vector<std::string>& args) {
-  ParsedArgs a = parse_args("mutate", kMutateOptions, args, false);
-  if (a.help) {
-    fmt::print("{}{}", kMutateUsage, format_options(kMutateOptions));
-    return kExitOk;
-  }
-  const fs::path build = resolve_build_dir(a.get("build-dir"));
-  const fs::path root = resolve_source_dir(build);
-  const fs::path out = fs::absolute(a.get("out").value_or("mutation"));
-  const fs::path catalogue_path =
-      a.get("catalogue") ? fs::path(*a.get("catalogue")) : root / "conformance/mutants.json";
-  const double min_score = a.get("min-score") ? std::stod(*a.get("min-score")) : 95.0;
-  const double timeout_s = a.get("timeout") ? parse_seconds("mutate", "timeout", *a.get("timeout")) : 120.0;
-  const bool smoke = a.has("smoke");
-
-  Catalogue cat = mutate::read_catalogue(catalogue_path, root);
+// What `tdc mutate`'s flags ask for, with the mutants chosen from the catalogue.
+struct MutateRun {
+  fs::path build, root, out, catalogue_path;
+  double min_score = 95.0, timeout_s = 120.0;
+  bool smoke = false;
+  Catalogue catalogue;
   std::vector<const Mutant*> chosen;
-  std::vector<std::string> only = smoke ? cat.smoke : std::vector<std::string>{};
+};
+
+MutateRun parse_mutate_run(const ParsedArgs& a) {
+  MutateRun r;
+  r.build = resolve_build_dir(a.get("build-dir"));
+  r.root = resolve_source_dir(r.build);
+  r.out = fs::absolute(a.get("out").value_or("mutation"));
+  r.catalogue_path = a.get("catalogue") ? fs::path(*a.get("catalogue")) : r.root / "conformance/mutants.json";
+  if (auto v = a.get("min-score")) r.min_score = std::stod(*v);
+  if (auto v = a.get("timeout")) r.timeout_s = parse_seconds("mutate", "timeout", *v);
+  r.smoke = a.has("smoke");
+  r.catalogue = mutate::read_catalogue(r.catalogue_path, r.root);
+  std::vector<std::string> only = r.smoke ? r.catalogue.smoke : std::vector<std::string>{};
   if (auto v = a.get("only")) {
     std::stringstream in(*v);
     for (std::string id; std::getline(in, id, ',');) only.push_back(id);
   }
+  const auto& all = r.catalogue.mutants;
   for (const auto& id : only)
-    if (std::none_of(cat.mutants.begin(), cat.mutants.end(), [&](const Mutant& m) { return m.id == id; }))
-      throw UsageError(fmt::format("mutate: no mutant '{}' in {}", id, catalogue_path.string()));
-  for (const auto& m : cat.mutants)
-    if (only.empty() || std::find(only.begin(), only.end(), m.id) != only.end()) chosen.push_back(&m);
-  mutate::MutantBuilder builder(build, root);
-  Plan plan = read_plan(build);
-  fs::create_directories(out);
-  std::string revision = std::getenv("TDC_SUITE_REVISION") ? std::getenv("TDC_SUITE_REVISION") : "";
+    if (std::none_of(all.begin(), all.end(), [&](const Mutant& m) { return m.id == id; }))
+      throw UsageError(fmt::format("mutate: no mutant '{}' in {}", id, r.catalogue_path.string()));
+  for (const auto& m : all)
+    if (only.empty() || std::find(only.begin(), only.end(), m.id) != only.end()) r.chosen.push_back(&m);
+  return r;
+}
 
-  // Baseline: the binaries the mutants will run must pass on the reference.
+// Baseline: the binaries the mutants will run must pass on the reference (with --smoke, only the
+// binaries of the chosen mutants).
+void run_baseline(const MutateRun& r, const Plan& plan) {
   std::vector<std::string> base_seed = plan.seed, base_own = plan.own;
-  if (smoke) {
+  if (r.smoke) {
     base_seed.clear(), base_own.clear();
-    for (const Mutant* m : chosen) {
-      for (const auto& b : ordered(plan.seed, m, true))
-        if (std::find(base_seed.begin(), base_seed.end(), b) == base_seed.end()) base_seed.push_back(b);
-      for (const auto& b : ordered(plan.own, m, true))
-        if (std::find(base_own.begin(), base_own.end(), b) == base_own.end()) base_own.push_back(b);
+    auto add = [](std::vector<std::string>& into, const std::vector<std::string>& bins) {
+      for (const auto& b : bins)
+        if (std::find(into.begin(), into.end(), b) == into.end()) into.push_back(b);
+    };
+    for (const Mutant* m : r.chosen) {
+      add(base_seed, ordered(plan.seed, m, true));
+      add(base_own, ordered(plan.own, m, true));
     }
   }
-  fmt::print(stderr, "tdc mutate: {} mutants; baseline: {} seed + {} tdc binaries on the reference\n", chosen.size(),
+  fmt::print(stderr, "tdc mutate: {} mutants; baseline: {} seed + {} tdc binaries on the reference\n", r.chosen.size(),
              base_seed.size(), base_own.size());
   for (auto [name, bins] : {std::pair{"seed", base_seed}, std::pair{"tdc", base_own}}) {
-    StageResult b = run_stage(build, bins, std::nullopt, out / "baseline" / name, timeout_s);
+    StageResult b = run_stage(r.build, bins, std::nullopt, r.out / "baseline" / name, r.timeout_s);
     if (b.ran && (b.killed || b.exit != 0))
       throw UsageError(
           fmt::format("mutate: the suite fails on the reference implementation ({} {}: {}); fix that "
                       "first (log: {})",
-                      b.killed_by, b.kill_status, b.message, (out / "baseline" / name / "run.log").string()));
+                      b.killed_by, b.kill_status, b.message, (r.out / "baseline" / name / "run.log").string()));
   }
+}
 
-  std::vector<Outcome> outcomes;
-  for (size_t i = 0; i < chosen.size() && !interrupted(); ++i) {
-    const Mutant& m = *chosen[i];
-    Outcome o{&m};
-    const fs::path dir = out / "mutants" / m.id;
-    auto built = builder.build(m, dir);
-    o.build_s = built.seconds;
-    if (!built.ok) {
-      o.status = "build-failed";
-      o.build_log = built.log;
-      std::ofstream(dir / "build.log") << built.log;
-    } else {
-      o.seed = run_stage(build, ordered(plan.seed, &m, smoke), built.library, dir / "seed", timeout_s,
-                         out / "baseline" / "seed" / "results.json");
-      if (!o.seed.killed)
-        o.own = run_stage(build, ordered(plan.own, &m, smoke), built.library, dir / "tdc", timeout_s,
-                          out / "baseline" / "tdc" / "results.json");
-      o.status = o.seed.killed ? "killed-by-seed" : o.own.killed ? "killed-by-tdc" : "survived";
-    }
-    const StageResult& k = o.seed.killed ? o.seed : o.own;
-    fmt::print(stderr, "[{}/{}] {:<40} build {:>5.0f} s  {:<15} {} ({:.0f} s)\n", i + 1, chosen.size(), m.id, o.build_s,
-               o.status, k.killed ? k.killed_by + " " + k.kill_status : "", o.seed.seconds + o.own.seconds);
-    outcomes.push_back(std::move(o));
-    write_reports(out, outcomes, score_of(outcomes), min_score, revision);  // partial results survive an interruption
+// One mutant: built, then PyTorch's seed tests, then (if they did not kill it) tdc's own.
+Outcome run_mutant(const MutateRun& r, const Plan& plan, const mutate::MutantBuilder& builder, const Mutant& m) {
+  Outcome o{&m};
+  const fs::path dir = r.out / "mutants" / m.id;
+  auto built = builder.build(m, dir);
+  o.build_s = built.seconds;
+  if (!built.ok) {
+    o.status = "build-failed";
+    o.build_log = built.log;
+    std::ofstream(dir / "build.log") << built.log;
+    return o;
   }
+  o.seed = run_stage(r.build, ordered(plan.seed, &m, r.smoke), built.library, dir / "seed", r.timeout_s,
+                     r.out / "baseline" / "seed" / "results.json");
+  if (!o.seed.killed)
+    o.own = run_stage(r.build, ordered(plan.own, &m, r.smoke), built.library, dir / "tdc", r.timeout_s,
+                      r.out / "baseline" / "tdc" / "results.json");
+  o.status = o.seed.killed ? "killed-by-seed" : o.own.killed ? "killed-by-tdc" : "survived";
+  return o;
+}
+
+// The score, every mutant that was not killed, and the exit status.
+int finish_mutate(const MutateRun& r, const std::vector<Outcome>& outcomes) {
   Score s = score_of(outcomes);
   bool all_built =
       std::none_of(outcomes.begin(), outcomes.end(), [](const Outcome& o) { return o.status == "build-failed"; });
@@ -313,11 +315,38 @@ int mutate_command(const std::vector<std::string>& args) {
   for (const auto& o : outcomes)
     if (o.status != "killed-by-seed" && o.status != "killed-by-tdc")
       fmt::print("  {}: {} {}\n", o.status, o.mutant->id,
-                 o.status == "build-failed" ? "(see " + (out / "mutants" / o.mutant->id / "build.log").string() + ")"
+                 o.status == "build-failed" ? "(see " + (r.out / "mutants" / o.mutant->id / "build.log").string() + ")"
                                             : o.mutant->survivor_note);
-  fmt::print("report: {}\n", (out / "mutation.md").string());
+  fmt::print("report: {}\n", (r.out / "mutation.md").string());
   if (interrupted()) return kExitInterrupted;
-  return all_built && s.pct(s.by_whole) >= min_score ? kExitOk : kExitFailed;
+  return all_built && s.pct(s.by_whole) >= r.min_score ? kExitOk : kExitFailed;
+}
+
+}  // namespace
+
+int mutate_command(const std::vector<std::string>& args) {
+  ParsedArgs a = parse_args("mutate", kMutateOptions, args, false);
+  if (a.help) {
+    fmt::print("{}{}", kMutateUsage, format_options(kMutateOptions));
+    return kExitOk;
+  }
+  const MutateRun r = parse_mutate_run(a);
+  mutate::MutantBuilder builder(r.build, r.root);
+  Plan plan = read_plan(r.build);
+  fs::create_directories(r.out);
+  std::string revision = std::getenv("TDC_SUITE_REVISION") ? std::getenv("TDC_SUITE_REVISION") : "";
+  run_baseline(r, plan);
+  std::vector<Outcome> outcomes;
+  for (size_t i = 0; i < r.chosen.size() && !interrupted(); ++i) {
+    Outcome o = run_mutant(r, plan, builder, *r.chosen[i]);
+    const StageResult& k = o.seed.killed ? o.seed : o.own;
+    fmt::print(stderr, "[{}/{}] {:<40} build {:>5.0f} s  {:<15} {} ({:.0f} s)\n", i + 1, r.chosen.size(), o.mutant->id,
+               o.build_s, o.status, k.killed ? k.killed_by + " " + k.kill_status : "", o.seed.seconds + o.own.seconds);
+    outcomes.push_back(std::move(o));
+    write_reports(r.out, outcomes, score_of(outcomes), r.min_score,
+                  revision);  // partial results survive an interruption
+  }
+  return finish_mutate(r, outcomes);
 }
 
 }  // namespace tdc::cli

@@ -327,6 +327,36 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
+// 1. The report of the fixture runs; the path of report.html, or nullopt (failures counted).
+std::optional<fs::path> generate_report(const Args& args) {
+  Captured gen = capture(
+      {args.cli.string(), "report", (args.fixtures / "run_a").string(),
+       (args.fixtures / "run_b" / "results.json").string(), "--parity", (args.fixtures / "parity.json").string(),
+       "--seed-table", args.seed_table.string(), "--out", args.out.string()},
+      true, kCommandTimeoutS);
+  check(succeeded(gen),
+        fmt::format("tdc-cli report exits 0 ({}){}", status_of(gen), succeeded(gen) ? "" : ":\n" + gen.output));
+  fs::path html = fs::absolute(args.out / "report.html");
+  check(fs::is_regular_file(html) && fs::is_regular_file(args.out / "report.md"), "report.html and report.md written");
+  if (failures) return std::nullopt;
+  return html;
+}
+
+// 4. The PNG: the window's size, and content (compared with a blank page's screenshot).
+void check_screenshot(const fs::path& png_path, const std::optional<fs::path>& blank_png) {
+  Png png = read_png(png_path);
+  check(png.valid, fmt::format("{} is a PNG (signature, IHDR, IEND)", png_path.string()));
+  check(png.width == kWidth && png.height == kHeight,
+        fmt::format("the screenshot is {}x{} (found {}x{})", kWidth, kHeight, png.width, png.height));
+  Png base = blank_png ? read_png(*blank_png) : Png{};
+  // [Note: what "non-trivial" means for the screenshot] PNG compresses flat colour to almost
+  // nothing: a blank page of the same size is ~15 KB. The report's text, tables and charts make
+  // it several times larger; 3x the blank page is far below what the report gives and far above
+  // what an empty or error page gives, on any Chromium build.
+  check(base.valid && png.bytes >= 3 * base.bytes,
+        fmt::format("the screenshot has content: {} bytes, a blank page {} bytes (need 3x)", png.bytes, base.bytes));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -348,22 +378,12 @@ int main(int argc, char** argv) {
   std::error_code ec;
   fs::remove_all(args.out, ec);
   fs::create_directories(args.out);
-
-  // 1. The report of the fixture runs.
-  Captured gen = capture(
-      {args.cli.string(), "report", (args.fixtures / "run_a").string(),
-       (args.fixtures / "run_b" / "results.json").string(), "--parity", (args.fixtures / "parity.json").string(),
-       "--seed-table", args.seed_table.string(), "--out", args.out.string()},
-      true, kCommandTimeoutS);
-  check(succeeded(gen),
-        fmt::format("tdc-cli report exits 0 ({}){}", status_of(gen), succeeded(gen) ? "" : ":\n" + gen.output));
-  fs::path html = fs::absolute(args.out / "report.html");
-  check(fs::is_regular_file(html) && fs::is_regular_file(args.out / "report.md"), "report.html and report.md written");
-  if (failures) return 1;
+  const std::optional<fs::path> html = generate_report(args);
+  if (!html) return 1;
 
   // 2. Chromium: the DOM it built, and a screenshot.
   Chromium browser(*chromium);
-  std::string url = "file://" + html.string();
+  std::string url = "file://" + html->string();
   Captured dump = browser.run({"--dump-dom"}, url);
   check(succeeded(dump) && dump.output.find("<html") != std::string::npos,
         fmt::format("chromium --dump-dom {} ({}, {} bytes)", url, status_of(dump), dump.output.size()));
@@ -390,19 +410,7 @@ int main(int argc, char** argv) {
   check_diff_and_flaky(*doc);
   check_parity(*doc, args.fixtures / "parity.json");
   check_self_contained(*doc);
-
-  // 4. The PNG.
-  Png png = read_png(png_path);
-  check(png.valid, fmt::format("{} is a PNG (signature, IHDR, IEND)", png_path.string()));
-  check(png.width == kWidth && png.height == kHeight,
-        fmt::format("the screenshot is {}x{} (found {}x{})", kWidth, kHeight, png.width, png.height));
-  Png base = succeeded(blank) ? read_png(blank_png) : Png{};
-  // [Note: what "non-trivial" means for the screenshot] PNG compresses flat colour to almost
-  // nothing: a blank page of the same size is ~15 KB. The report's text, tables and charts make
-  // it several times larger; 3x the blank page is far below what the report gives and far above
-  // what an empty or error page gives, on any Chromium build.
-  check(base.valid && png.bytes >= 3 * base.bytes,
-        fmt::format("the screenshot has content: {} bytes, a blank page {} bytes (need 3x)", png.bytes, base.bytes));
+  check_screenshot(png_path, succeeded(blank) ? std::optional<fs::path>(blank_png) : std::nullopt);
 
   fmt::print("\n{} check(s) failed; screenshot {}\n", failures, png_path.string());
   return failures ? 1 : 0;

@@ -114,105 +114,126 @@ void run_rank_in_child(const LaunchSpec& spec, int rank, const std::string& temp
 }
 
 // ---------------------------------------------------------------- fork / spawn / thread
+// The thread launcher's host process: every rank a thread of it, on one HashStore.
+[[noreturn]] void run_thread_host(const LaunchSpec& spec, const std::string& temp_dir, int events_fd,
+                                  const std::function<void()>& body) {
+  install_rank_signal_handlers(stacks_file(temp_dir, 0), -1);
+  if (spec.num_threads > 0) at::set_num_threads(spec.num_threads);
+  at::manual_seed(spec.seed);
+  reset_rank_reports();
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  EventSink sink(events_fd);
+  std::vector<RankContext> contexts;
+  for (int r = 0; r < spec.world_size; ++r) contexts.push_back(make_context(spec, r, r, store, temp_dir));
+  // [Note: parked rank threads] The host process is thrown away after the test, so a
+  // finished rank thread parks instead of exiting: its thread_local state (process
+  // groups, whose Gloo teardown costs 20-40 ms) is never destroyed, exactly as a forked
+  // rank's is not. The host _exit()s once every rank is done.
+  std::mutex mu;
+  std::condition_variable cv;
+  int finished = 0;
+  for (int r = 0; r < spec.world_size; ++r) {
+    std::thread([&, r] {
+      pthread_setname_np(pthread_self(), fmt::format("tdc-rank{}", r).c_str());
+      set_signal_rank(r);
+      run_rank(contexts[r], body, sink, 0);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ++finished;
+      }
+      cv.notify_all();
+      for (;;) pause();
+    }).detach();
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return finished == spec.world_size; });
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  _exit(0);
+}
+
+// The spawn launcher's rank: fork+exec of this test binary, filtered to this test; the rank
+// reads its settings from --tdc_child (see main.cpp).
+[[noreturn]] void exec_spawned_rank(const LaunchSpec& spec, int r, const std::string& temp_dir, int events_fd) {
+  constexpr int kEventsFd = 100;
+  dup2(events_fd, kEventsFd);  // dup2 clears O_CLOEXEC on the new fd
+  const internal::RunSettings& s = internal::settings();
+  std::vector<std::string> args = {
+      "/proc/self/exe",
+      fmt::format("--gtest_filter={}.{}", spec.suite, spec.name),
+      fmt::format("--tdc_child={},{},{},{},{},{}", r, spec.world_size, kEventsFd, spec.seed, spec.num_threads,
+                  temp_dir),
+      fmt::format("--tdc_timeout={}", spec.timeout_s),
+      "--tdc_backend=" + s.backend,
+      "--tdc_device=" + s.device_type,
+      "--tdc_stacks=" + s.stacks,
+  };
+  if (!s.backend_lib.empty()) args.push_back("--tdc_backend_lib=" + s.backend_lib);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  execv("/proc/self/exe", argv.data());
+  std::fprintf(stderr, "tdc: exec of /proc/self/exe failed: %s\n", std::strerror(errno));
+  _exit(127);
+}
+
+// Forks the test's processes (one host for the thread launcher, else one per rank) and hands
+// each to the supervisor.
+void start_local_ranks(const LaunchSpec& spec, const std::string& temp_dir, Supervisor& sup,
+                       const std::function<void()>& body) {
+  const pid_t parent = getpid();
+  std::vector<int> parent_fds;  // read ends held by the parent: children close them
+  if (spec.launcher == Launcher::Thread) {
+    Pipes p;
+    std::vector<int> all(spec.world_size);
+    std::iota(all.begin(), all.end(), 0);
+    pid_t pid = checked_fork();
+    if (pid == 0) {
+      become_rank_process(parent, p, parent_fds);
+      run_thread_host(spec, temp_dir, p.events[1], body);
+    }
+    sup.add(parent_side(pid, p, all, stacks_file(temp_dir, 0)));
+    return;
+  }
+  for (int r = 0; r < spec.world_size; ++r) {
+    Pipes p;
+    pid_t pid = checked_fork();
+    if (pid == 0) {
+      become_rank_process(parent, p, parent_fds);
+      if (spec.launcher == Launcher::Spawn) exec_spawned_rank(spec, r, temp_dir, p.events[1]);
+      run_rank_in_child(spec, r, temp_dir, p.events[1], body);
+    }
+    parent_fds.push_back(p.events[0]);
+    parent_fds.push_back(p.output[0]);
+    sup.add(parent_side(pid, p, {r}, stacks_file(temp_dir, r)));
+  }
+}
+
+// What the ranks printed, for a failed or hung test (or every test with --tdc_show_output).
+std::vector<std::string> rank_outputs(const Supervisor& sup, const Outcome& outcome) {
+  std::vector<std::string> outputs;
+  const bool show =
+      internal::settings().show_output || outcome.status == Status::Fail || outcome.status == Status::Timeout;
+  if (!show) return outputs;
+  for (auto& c : sup.children()) {
+    if (c.output.empty()) continue;
+    std::string label = c.ranks.size() == 1 ? fmt::format("rank {}", c.ranks[0]) : std::string("thread ranks");
+    outputs.push_back(fmt::format("---- output of {} ----\n{}", label, demangle_text(c.output)));
+  }
+  return outputs;
+}
+
 Outcome launch_local(const LaunchSpec& spec, const std::function<void()>& body) {
   const std::string temp_dir = make_temp_dir(spec.suite + "." + spec.name);
-  const pid_t parent = getpid();
   Outcome outcome;
   std::vector<std::string> outputs;
   {
     Supervisor sup(spec, temp_dir);
-    std::vector<int> parent_fds;  // read ends held by the parent: children close them
-    if (spec.launcher == Launcher::Thread) {
-      Pipes p;
-      std::vector<int> all(spec.world_size);
-      std::iota(all.begin(), all.end(), 0);
-      pid_t pid = checked_fork();
-      if (pid == 0) {
-        become_rank_process(parent, p, parent_fds);
-        install_rank_signal_handlers(stacks_file(temp_dir, 0), -1);
-        if (spec.num_threads > 0) at::set_num_threads(spec.num_threads);
-        at::manual_seed(spec.seed);
-        reset_rank_reports();
-        auto store = c10::make_intrusive<c10d::HashStore>();
-        EventSink sink(p.events[1]);
-        std::vector<RankContext> contexts;
-        for (int r = 0; r < spec.world_size; ++r) contexts.push_back(make_context(spec, r, r, store, temp_dir));
-        // [Note: parked rank threads] The host process is thrown away after the test, so a
-        // finished rank thread parks instead of exiting: its thread_local state (process
-        // groups, whose Gloo teardown costs 20-40 ms) is never destroyed, exactly as a forked
-        // rank's is not. The host _exit()s once every rank is done.
-        std::mutex mu;
-        std::condition_variable cv;
-        int finished = 0;
-        for (int r = 0; r < spec.world_size; ++r) {
-          std::thread([&, r] {
-            pthread_setname_np(pthread_self(), fmt::format("tdc-rank{}", r).c_str());
-            set_signal_rank(r);
-            run_rank(contexts[r], body, sink, 0);
-            {
-              std::lock_guard<std::mutex> lock(mu);
-              ++finished;
-            }
-            cv.notify_all();
-            for (;;) pause();
-          }).detach();
-        }
-        {
-          std::unique_lock<std::mutex> lock(mu);
-          cv.wait(lock, [&] { return finished == spec.world_size; });
-        }
-        std::fflush(stdout);
-        std::fflush(stderr);
-        _exit(0);
-      }
-      sup.add(parent_side(pid, p, all, stacks_file(temp_dir, 0)));
-    } else {
-      for (int r = 0; r < spec.world_size; ++r) {
-        Pipes p;
-        pid_t pid = checked_fork();
-        if (pid == 0) {
-          become_rank_process(parent, p, parent_fds);
-          if (spec.launcher == Launcher::Spawn) {
-            // fork+exec of this test binary, filtered to this test; the rank reads its
-            // settings from --tdc_child (see main.cpp).
-            constexpr int kEventsFd = 100;
-            dup2(p.events[1], kEventsFd);  // dup2 clears O_CLOEXEC on the new fd
-            const internal::RunSettings& s = internal::settings();
-            std::vector<std::string> args = {
-                "/proc/self/exe",
-                fmt::format("--gtest_filter={}.{}", spec.suite, spec.name),
-                fmt::format("--tdc_child={},{},{},{},{},{}", r, spec.world_size, kEventsFd, spec.seed, spec.num_threads,
-                            temp_dir),
-                fmt::format("--tdc_timeout={}", spec.timeout_s),
-                "--tdc_backend=" + s.backend,
-                "--tdc_device=" + s.device_type,
-                "--tdc_stacks=" + s.stacks,
-            };
-            if (!s.backend_lib.empty()) args.push_back("--tdc_backend_lib=" + s.backend_lib);
-            std::vector<char*> argv;
-            for (auto& a : args) argv.push_back(a.data());
-            argv.push_back(nullptr);
-            execv("/proc/self/exe", argv.data());
-            std::fprintf(stderr, "tdc: exec of /proc/self/exe failed: %s\n", std::strerror(errno));
-            _exit(127);
-          }
-          run_rank_in_child(spec, r, temp_dir, p.events[1], body);
-        }
-        parent_fds.push_back(p.events[0]);
-        parent_fds.push_back(p.output[0]);
-        sup.add(parent_side(pid, p, {r}, stacks_file(temp_dir, r)));
-      }
-    }
+    start_local_ranks(spec, temp_dir, sup, body);
     outcome = sup.run();
-    const bool show =
-        internal::settings().show_output || outcome.status == Status::Fail || outcome.status == Status::Timeout;
-    if (show) {
-      for (auto& c : sup.children()) {
-        if (c.output.empty()) continue;
-        std::string label = c.ranks.size() == 1 ? fmt::format("rank {}", c.ranks[0]) : std::string("thread ranks");
-        outputs.push_back(fmt::format("---- output of {} ----\n{}", label, demangle_text(c.output)));
-      }
-    }
+    outputs = rank_outputs(sup, outcome);
   }  // Supervisor: everything reaped
   for (auto& o : outputs) std::fputs(o.c_str(), stdout);
   if (internal::settings().keep_temp) {
@@ -284,48 +305,38 @@ c10::intrusive_ptr<c10d::Store> env_store() {
   return store;
 }
 
-Outcome launch_env(const LaunchSpec& spec0, const std::function<void()>& body) {
-  LaunchSpec spec = spec0;
-  const ExternalRank er = env_rank();
-  const int rank = er.rank;
-  spec.world_size = er.world_size;
-  if (spec.world_size != spec0.world_size) {
-    Outcome o;
-    o.status = Status::Skip;
-    o.message = fmt::format("{}.{} needs world size {}, but the external launcher started {} ranks", spec.suite,
-                            spec.name, spec0.world_size, spec.world_size);
-    return o;
-  }
-  const int local_rank = er.local_rank;
-  auto base = env_store();
-  static int test_counter = 0;
-  auto store =
-      c10::make_intrusive<c10d::PrefixStore>(fmt::format("tdc/{}/{}.{}", test_counter++, spec.suite, spec.name), base);
-  // One temp dir per host, made by the host's local rank 0... ranks on other hosts see a path
-  // that does not exist there and make their own (tests that need a shared dir document it).
-  const auto t0 = std::chrono::steady_clock::now();
-  std::string temp_dir;
-  bool own_dir = rank == 0;
+// One temp dir per host, made by the host's local rank 0... ranks on other hosts see a path
+// that does not exist there and make their own (tests that need a shared dir document it).
+// Returns the dir and whether this rank made it (and removes it).
+std::pair<std::string, bool> env_temp_dir(const LaunchSpec& spec, int rank, c10d::Store& store) {
   if (rank == 0) {
-    temp_dir = make_temp_dir(spec.suite + "." + spec.name);
-    store->set("tdc/temp_dir", std::vector<uint8_t>(temp_dir.begin(), temp_dir.end()));
-  } else {
-    auto v = store->get("tdc/temp_dir");
-    temp_dir.assign(v.begin(), v.end());
-    if (!std::filesystem::exists(temp_dir)) {
-      temp_dir = make_temp_dir(spec.suite + "." + spec.name);
-      own_dir = true;
-    }
+    std::string dir = make_temp_dir(spec.suite + "." + spec.name);
+    store.set("tdc/temp_dir", std::vector<uint8_t>(dir.begin(), dir.end()));
+    return {dir, true};
   }
+  auto v = store.get("tdc/temp_dir");
+  std::string dir(v.begin(), v.end());
+  if (std::filesystem::exists(dir)) return {dir, false};
+  return {make_temp_dir(spec.suite + "." + spec.name), true};
+}
 
-  RankContext c = make_context(spec, rank, local_rank, store, temp_dir);
-  c.launcher = Launcher::Env;
+// A failure event for `rank`, then (done) its end, as a rank's event stream carries them.
+std::string env_fail_event(int rank, const std::string& msg, bool done) {
+  std::string out =
+      nlohmann::json({{"e", "fail"}, {"rank", rank}, {"file", ""}, {"line", 0}, {"msg", msg}}).dump() + "\n";
+  if (done) out += nlohmann::json({{"e", "done"}, {"rank", rank}, {"dur", 0}}).dump() + "\n";
+  return out;
+}
+
+// Runs the body on this rank under a watchdog and returns its event stream. A rank that runs
+// past the deadline cannot be recovered in place, so the watchdog prints its stacks, publishes
+// TIMEOUT and ends the process (the external launcher tears down the rest).
+std::string run_env_rank(const LaunchSpec& spec, RankContext& c, c10d::Store& store, const std::string& temp_dir,
+                         const std::function<void()>& body) {
+  const int rank = c.rank;
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
   fcntl(fds[0], F_SETFL, O_NONBLOCK);
-
-  // Watchdog: a rank that runs past the deadline cannot be recovered in place, so it prints its
-  // stacks, publishes TIMEOUT and ends the process (the external launcher tears down the rest).
   std::atomic<bool> finished{false};
   std::thread watchdog([&] {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(spec.timeout_s);
@@ -338,14 +349,9 @@ Outcome launch_env(const LaunchSpec& spec0, const std::function<void()>& body) {
     std::string st = capture_stacks(getpid(), temp_dir + fmt::format("/stacks.env.{}", rank), 2.0);
     std::fputs(st.c_str(), stderr);
     try {
-      std::string d = nlohmann::json({{"e", "fail"},
-                                      {"rank", rank},
-                                      {"file", ""},
-                                      {"line", 0},
-                                      {"msg", fmt::format("[rank {}] TIMEOUT after {:.1f} s", rank, spec.timeout_s)}})
-                          .dump() +
-                      "\n";
-      store->set(fmt::format("tdc/result/{}", rank), std::vector<uint8_t>(d.begin(), d.end()));
+      std::string d =
+          env_fail_event(rank, fmt::format("[rank {}] TIMEOUT after {:.1f} s", rank, spec.timeout_s), false);
+      store.set(fmt::format("tdc/result/{}", rank), std::vector<uint8_t>(d.begin(), d.end()));
     } catch (...) {
     }
     std::fflush(nullptr);
@@ -357,37 +363,58 @@ Outcome launch_env(const LaunchSpec& spec0, const std::function<void()>& body) {
   }
   finished = true;
   watchdog.join();
-
-  // Collect this rank's events.
   std::string text;
   char buf[65536];
   ssize_t n;
   while ((n = ::read(fds[0], buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
   ::close(fds[0]);
   ::close(fds[1]);
+  return text;
+}
 
+// Rank 0: every rank's published events merged into the test's outcome.
+Outcome merge_env_results(const LaunchSpec& spec, c10d::Store& store, const std::string& temp_dir,
+                          std::chrono::steady_clock::time_point t0) {
+  Supervisor sup(spec, temp_dir);
+  for (int r = 0; r < spec.world_size; ++r) {
+    std::string key = fmt::format("tdc/result/{}", r);
+    try {
+      store.wait({key}, std::chrono::milliseconds(static_cast<int64_t>(spec.timeout_s * 1000)));
+      auto v = store.get(key);
+      sup.ingest(std::string(v.begin(), v.end()));
+    } catch (const std::exception& e) {
+      sup.ingest(env_fail_event(r, fmt::format("[rank {}] no result within the deadline: {}", r, e.what()), true));
+    }
+  }
+  return sup.outcome_from_events(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+Outcome launch_env(const LaunchSpec& spec0, const std::function<void()>& body) {
+  LaunchSpec spec = spec0;
+  const ExternalRank er = env_rank();
+  const int rank = er.rank;
+  spec.world_size = er.world_size;
+  if (spec.world_size != spec0.world_size) {
+    Outcome o;
+    o.status = Status::Skip;
+    o.message = fmt::format("{}.{} needs world size {}, but the external launcher started {} ranks", spec.suite,
+                            spec.name, spec0.world_size, spec.world_size);
+    return o;
+  }
+  auto base = env_store();
+  static int test_counter = 0;
+  auto store =
+      c10::make_intrusive<c10d::PrefixStore>(fmt::format("tdc/{}/{}.{}", test_counter++, spec.suite, spec.name), base);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto [temp_dir, own_dir] = env_temp_dir(spec, rank, *store);
+  RankContext c = make_context(spec, rank, er.local_rank, store, temp_dir);
+  c.launcher = Launcher::Env;
+  const std::string text = run_env_rank(spec, c, *store, temp_dir, body);
   // Every rank publishes its events; rank 0 merges all of them.
   store->set(fmt::format("tdc/result/{}", rank), std::vector<uint8_t>(text.begin(), text.end()));
   Outcome o;
   if (rank == 0) {
-    Supervisor sup(spec, temp_dir);
-    for (int r = 0; r < spec.world_size; ++r) {
-      std::string key = fmt::format("tdc/result/{}", r);
-      try {
-        store->wait({key}, std::chrono::milliseconds(static_cast<int64_t>(spec.timeout_s * 1000)));
-        auto v = store->get(key);
-        sup.ingest(std::string(v.begin(), v.end()));
-      } catch (const std::exception& e) {
-        sup.ingest(nlohmann::json({{"e", "fail"},
-                                   {"rank", r},
-                                   {"file", ""},
-                                   {"line", 0},
-                                   {"msg", fmt::format("[rank {}] no result within the deadline: {}", r, e.what())}})
-                       .dump() +
-                   "\n" + nlohmann::json({{"e", "done"}, {"rank", r}, {"dur", 0}}).dump() + "\n");
-      }
-    }
-    o = sup.outcome_from_events(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    o = merge_env_results(spec, *store, temp_dir, t0);
   } else {
     o.status = Status::Pass;  // rank 0 reports this rank's failures
   }
@@ -416,20 +443,63 @@ Outcome launch(const LaunchSpec& spec, const std::function<void()>& body) {
   return detail::launch_local(spec, body);
 }
 
+namespace {
+
+// [Note: the parent never initialises CUDA] A child forked after CUDA was initialised cannot use
+// CUDA. The harness itself never initialises it in the parent; if something else did (a test's
+// static initialiser, a plug-in), ranks start by fork+exec instead (the results say spawn), and
+// the run says so once.
+void avoid_fork_after_cuda(LaunchSpec& spec) {
+  if (spec.launcher != Launcher::Fork || detail::child_spec().active || !cuda_driver_loaded()) return;
+  static bool said = false;
+  if (!std::exchange(said, true))
+    std::fprintf(stderr,
+                 "tdc: the CUDA driver is loaded in the parent process, so forked ranks could not use CUDA: "
+                 "ranks start with the spawn launcher (fork+exec) instead\n");
+  spec.launcher = Launcher::Spawn;
+}
+
+// The launch's outcome as GoogleTest's verdict on the test (a skip, failures at their file:line).
+// What has no assertion behind it (an exception, a TIMEOUT, a CRASH) is attributed to the test's
+// definition, not to this file.
+void report_to_gtest(const Outcome& o) {
+  const testing::TestInfo* info = testing::UnitTest::GetInstance()->current_test_info();
+  const char* def_file = info && info->file() ? info->file() : __FILE__;
+  const int def_line = info ? info->line() : __LINE__;
+  switch (o.status) {
+    case Status::Pass:
+    case Status::XFail:
+    case Status::XPass:
+      return;
+    case Status::Skip:
+    case Status::NotSupported:
+      GTEST_SKIP() << o.message;
+    case Status::Fail:
+      for (auto& f : o.failures) {
+        if (f.file.empty())
+          ADD_FAILURE_AT(def_file, def_line) << f.message;
+        else
+          ADD_FAILURE_AT(f.file.c_str(), f.line) << f.message;
+      }
+      if (o.failures.empty()) ADD_FAILURE_AT(def_file, def_line) << o.message;
+      return;
+    case Status::Timeout:
+      ADD_FAILURE_AT(def_file, def_line) << "TIMEOUT: " << o.message;
+      return;
+    case Status::Crash:
+      ADD_FAILURE_AT(def_file, def_line) << "CRASH: " << o.message;
+      return;
+    case Status::Flaky:  // only `tdc run --repeat` makes this verdict, never one launch
+      ADD_FAILURE_AT(def_file, def_line) << "FLAKY: " << o.message;
+      return;
+  }
+}
+
+}  // namespace
+
 void internal::run_distributed(const char* suite, const char* name, const TestOptions& options, Body body) {
   LaunchSpec spec = detail::resolve(suite, name, options);
-  // [Note: the parent never initialises CUDA] A child forked after CUDA was initialised cannot use
-  // CUDA. The harness itself never initialises it in the parent; if something else did (a test's
-  // static initialiser, a plug-in), ranks start by fork+exec instead (the results say spawn), and
-  // the run says so once.
-  if (spec.launcher == Launcher::Fork && !detail::child_spec().active && cuda_driver_loaded()) {
-    static bool said = false;
-    if (!std::exchange(said, true))
-      std::fprintf(stderr,
-                   "tdc: the CUDA driver is loaded in the parent process, so forked ranks could not use CUDA: "
-                   "ranks start with the spawn launcher (fork+exec) instead\n");
-    spec.launcher = Launcher::Spawn;
-  }
+  avoid_fork_after_cuda(spec);
   const int min_gpus = options.min_gpus;
   const int world_size = spec.world_size;
   auto wrapped = [body, min_gpus, world_size] {
@@ -457,34 +527,7 @@ void internal::run_distributed(const char* suite, const char* name, const TestOp
   last.outcome = o;
   last.world_size = spec.world_size;
   last.launcher = to_string(spec.launcher);
-
-  switch (o.status) {
-    case Status::Pass:
-    case Status::XFail:
-    case Status::XPass:
-      return;
-    case Status::Skip:
-    case Status::NotSupported:
-      GTEST_SKIP() << o.message;
-    case Status::Fail:
-      for (auto& f : o.failures) {
-        if (f.file.empty())
-          ADD_FAILURE() << f.message;
-        else
-          ADD_FAILURE_AT(f.file.c_str(), f.line) << f.message;
-      }
-      if (o.failures.empty()) ADD_FAILURE() << o.message;
-      return;
-    case Status::Timeout:
-      ADD_FAILURE() << "TIMEOUT: " << o.message;
-      return;
-    case Status::Crash:
-      ADD_FAILURE() << "CRASH: " << o.message;
-      return;
-    case Status::Flaky:  // only `tdc run --repeat` makes this verdict, never one launch
-      ADD_FAILURE() << "FLAKY: " << o.message;
-      return;
-  }
+  report_to_gtest(o);
 }
 
 }  // namespace tdc::harness

@@ -248,6 +248,7 @@ class ResultsListener : public testing::EmptyTestEventListener {
         r.status = Status::Fail, r.message = fmt::format("{}", fmt::join(msgs, "\n"));
     }
     if (r.status == Status::Pass) r.message.clear();
+    set_location(r, g);
     apply_expectations(r, expectations_);
     results_.run_info.world_size = std::max(results_.run_info.world_size, r.world_size);
     emit({{"event", "end"},
@@ -270,6 +271,18 @@ class ResultsListener : public testing::EmptyTestEventListener {
 
  private:
   static std::string id(const testing::TestInfo& t) { return std::string(t.test_suite_name()) + "." + t.name(); }
+  // A failing test's file:line: its first failed test part's (run_distributed reports every
+  // failure at its assertion, or at the test's definition when none is behind it).
+  static void set_location(TestResult& r, const testing::TestResult& g) {
+    if (!is_failure(r.status)) return;
+    for (int i = 0; i < g.total_part_count(); ++i) {
+      const testing::TestPartResult& p = g.GetTestPartResult(i);
+      if (!p.failed() || !p.file_name()) continue;
+      r.file = p.file_name();
+      r.line = p.line_number();
+      return;
+    }
+  }
   void emit(const nlohmann::json& j) {
     int fd = internal::settings().events_fd;
     if (fd < 0) return;

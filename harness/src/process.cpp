@@ -201,17 +201,62 @@ bool Supervisor::child_crashed(const ChildProc& c) const {
   return WIFEXITED(c.wait_status) && WEXITSTATUS(c.wait_status) != 0;
 }
 
+bool Supervisor::poll_children(int wait_ms) {
+  std::vector<pollfd> fds;
+  std::vector<std::pair<size_t, int>> owner;  // (child index, 0=pidfd 1=events 2=output)
+  for (size_t i = 0; i < children_.size(); ++i) {
+    auto& c = children_[i];
+    if (c.exited) continue;
+    if (c.pidfd >= 0) fds.push_back({c.pidfd, POLLIN, 0}), owner.push_back({i, 0});
+    if (c.events_fd >= 0) fds.push_back({c.events_fd, POLLIN, 0}), owner.push_back({i, 1});
+    if (c.output_fd >= 0) fds.push_back({c.output_fd, POLLIN, 0}), owner.push_back({i, 2});
+  }
+  int rc = ::poll(fds.data(), fds.size(), std::min(wait_ms, 200));
+  if (rc < 0 && errno != EINTR) return false;
+  for (size_t k = 0; k < fds.size() && rc > 0; ++k) {
+    if (!fds[k].revents) continue;
+    auto& c = children_[owner[k].first];
+    if (owner[k].second == 0) {
+      reap(c, true);
+    } else {
+      drain(c);
+      // A pipe at EOF with the process still alive (it closed stdout): stop polling that fd.
+      if (fds[k].revents & (POLLHUP | POLLERR) && !(fds[k].revents & POLLIN)) {
+        int& fd = owner[k].second == 1 ? c.events_fd : c.output_fd;
+        ::close(fd);
+        fd = -1;
+      }
+    }
+  }
+  for (auto& c : children_) reap(c, false);  // also covers kernels without pidfd
+  return true;
+}
+
+// First failure aborts the others: a crash at once, a failure or skip after a short grace
+// (the others may be about to finish on their own, and their messages are worth having).
+void Supervisor::note_first_failure(std::optional<std::chrono::steady_clock::time_point>& abort_at) {
+  using clock = std::chrono::steady_clock;
+  if (abort_at) return;
+  for (auto& c : children_) {
+    if (child_crashed(c)) {
+      abort_at = clock::now();
+      if (first_bad_rank_ < 0 && !c.ranks.empty()) first_bad_rank_ = c.ranks.front();
+    }
+  }
+  if (!abort_at && first_bad_rank_ >= 0)
+    abort_at = clock::now() + std::chrono::duration_cast<clock::duration>(
+                                  std::chrono::duration<double>(internal::settings().abort_grace_s));
+}
+
 Outcome Supervisor::run() {
   using clock = std::chrono::steady_clock;
-  auto secs = [](double s) { return std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(s)); };
   const auto t0 = clock::now();
-  const auto deadline = t0 + secs(spec_.timeout_s);
+  const auto deadline =
+      t0 + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(spec_.timeout_s));
   std::optional<clock::time_point> abort_at;
   bool timed_out = false;
-
   for (;;) {
-    bool all_exited = std::all_of(children_.begin(), children_.end(), [](auto& c) { return c.exited; });
-    if (all_exited) break;
+    if (std::all_of(children_.begin(), children_.end(), [](auto& c) { return c.exited; })) break;
     auto now = clock::now();
     if (now >= deadline) {
       timed_out = true;
@@ -219,49 +264,11 @@ Outcome Supervisor::run() {
     }
     if (abort_at && now >= *abort_at) break;
     auto until = abort_at ? std::min(*abort_at, deadline) : deadline;
-    int wait_ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count()) + 1;
-
-    std::vector<pollfd> fds;
-    std::vector<std::pair<size_t, int>> owner;  // (child index, 0=pidfd 1=events 2=output)
-    for (size_t i = 0; i < children_.size(); ++i) {
-      auto& c = children_[i];
-      if (c.exited) continue;
-      if (c.pidfd >= 0) fds.push_back({c.pidfd, POLLIN, 0}), owner.push_back({i, 0});
-      if (c.events_fd >= 0) fds.push_back({c.events_fd, POLLIN, 0}), owner.push_back({i, 1});
-      if (c.output_fd >= 0) fds.push_back({c.output_fd, POLLIN, 0}), owner.push_back({i, 2});
-    }
-    int rc = ::poll(fds.data(), fds.size(), std::min(wait_ms, 200));
-    if (rc < 0 && errno != EINTR) break;
-    for (size_t k = 0; k < fds.size() && rc > 0; ++k) {
-      if (!fds[k].revents) continue;
-      auto& c = children_[owner[k].first];
-      if (owner[k].second == 0) {
-        reap(c, true);
-      } else {
-        drain(c);
-        // A pipe at EOF with the process still alive (it closed stdout): stop polling that fd.
-        if (fds[k].revents & (POLLHUP | POLLERR) && !(fds[k].revents & POLLIN)) {
-          int& fd = owner[k].second == 1 ? c.events_fd : c.output_fd;
-          ::close(fd);
-          fd = -1;
-        }
-      }
-    }
-    for (auto& c : children_) reap(c, false);  // also covers kernels without pidfd
-
-    // First failure aborts the others: a crash at once, a failure or skip after a short grace
-    // (the others may be about to finish on their own, and their messages are worth having).
-    if (!abort_at) {
-      for (auto& c : children_) {
-        if (child_crashed(c)) {
-          abort_at = clock::now();
-          if (first_bad_rank_ < 0 && !c.ranks.empty()) first_bad_rank_ = c.ranks.front();
-        }
-      }
-      if (!abort_at && first_bad_rank_ >= 0) abort_at = clock::now() + secs(internal::settings().abort_grace_s);
-    }
+    if (!poll_children(static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count()) +
+                       1))
+      break;
+    note_first_failure(abort_at);
   }
-
   // On a timeout, and when ranks are stopped after another failed: where each one was stuck.
   std::string stacks = capture_live_stacks();
   for (auto& c : children_) {
@@ -331,68 +338,56 @@ std::string Supervisor::crash_reason(const ChildProc& c, int rank) const {
   return fmt::format("{} ended abnormally (wait status {})", who, c.wait_status);
 }
 
-Outcome Supervisor::make_outcome(bool timed_out, const std::string& stacks, double elapsed) {
-  Outcome o;
-  o.duration_s = elapsed;
-  o.reports = reports_;
-  std::vector<std::string> crash_msgs, fail_msgs, skip_msgs;
-  std::vector<int> skipped_ranks, ran_ranks, still_running;
-
-  std::map<int, const ChildProc*> proc_of;
-  for (auto& c : children_)
-    for (int r : c.ranks) proc_of[r] = &c;
-
-  for (int r = 0; r < spec_.world_size; ++r) {
-    auto& rs = ranks_[r];
-    RankDetail d;
-    d.rank = r;
-    d.duration_s = rs.duration_s;
-    const ChildProc* c = proc_of.count(r) ? proc_of[r] : nullptr;
-    if (c && c->exited) {
-      if (WIFEXITED(c->wait_status)) d.exit_code = WEXITSTATUS(c->wait_status);
-      if (WIFSIGNALED(c->wait_status)) d.signal = WTERMSIG(c->wait_status);
-    }
-    bool aborted = std::find(aborted_ranks_.begin(), aborted_ranks_.end(), r) != aborted_ranks_.end();
-    for (auto& f : rs.failures) o.failures.push_back(f);
-    if (rs.done) {
-      d.status = !rs.failures.empty() ? RankStatus::Fail : rs.skipped ? RankStatus::Skip : RankStatus::Pass;
-    } else if (timed_out && aborted) {
-      d.status = RankStatus::Timeout;
-      still_running.push_back(r);
-    } else if (aborted) {
-      d.status = RankStatus::Aborted;
-    } else {
-      d.status = RankStatus::Crash;
-    }
-    if (!rs.failures.empty()) {
-      std::vector<std::string> m;
-      for (auto& f : rs.failures) m.push_back(f.message);
-      d.message = fmt::format("{}", fmt::join(m, "\n"));
-    }
-    if (rs.skipped) {
-      skipped_ranks.push_back(r);
-      skip_msgs.push_back(rs.skips.front());
-      if (d.message.empty()) d.message = rs.skips.front();
-    } else if (rs.done) {
-      ran_ranks.push_back(r);
-    }
-    if (d.status == RankStatus::Crash && c) d.message = crash_reason(*c, r);
-    o.ranks.push_back(std::move(d));
+RankDetail Supervisor::rank_detail(int r, bool timed_out, const ChildProc* c) const {
+  const auto& rs = ranks_[r];
+  RankDetail d;
+  d.rank = r;
+  d.duration_s = rs.duration_s;
+  if (c && c->exited) {
+    if (WIFEXITED(c->wait_status)) d.exit_code = WEXITSTATUS(c->wait_status);
+    if (WIFSIGNALED(c->wait_status)) d.signal = WTERMSIG(c->wait_status);
   }
+  const bool aborted = std::find(aborted_ranks_.begin(), aborted_ranks_.end(), r) != aborted_ranks_.end();
+  if (rs.done) {
+    d.status = !rs.failures.empty() ? RankStatus::Fail : rs.skipped ? RankStatus::Skip : RankStatus::Pass;
+  } else if (timed_out && aborted) {
+    d.status = RankStatus::Timeout;
+  } else if (aborted) {
+    d.status = RankStatus::Aborted;
+  } else {
+    d.status = RankStatus::Crash;
+  }
+  if (!rs.failures.empty()) {
+    std::vector<std::string> m;
+    for (auto& f : rs.failures) m.push_back(f.message);
+    d.message = fmt::format("{}", fmt::join(m, "\n"));
+  }
+  if (rs.skipped && d.message.empty()) d.message = rs.skips.front();
+  if (d.status == RankStatus::Crash && c) d.message = crash_reason(*c, r);
+  return d;
+}
 
+// The test's status and message from its ranks (o.ranks filled): TIMEOUT, then CRASH, FAIL, SKIP.
+void Supervisor::set_verdict(Outcome& o, bool timed_out, const std::string& stacks, double elapsed) const {
+  std::vector<std::string> crash_msgs, fail_msgs;
+  std::vector<int> skipped_ranks, ran_ranks, still_running;
+  for (const RankDetail& d : o.ranks) {
+    if (d.status == RankStatus::Timeout) still_running.push_back(d.rank);
+    if (ranks_[d.rank].skipped) {
+      skipped_ranks.push_back(d.rank);
+    } else if (ranks_[d.rank].done) {
+      ran_ranks.push_back(d.rank);
+    }
+  }
   // In the order they happened: the first line of a FAIL is the failure that started the abort.
   for (auto& f : failures_in_order_) fail_msgs.push_back(f.message);
-
   for (auto& c : children_) {
     bool any_crashed = false;
     for (int r : c.ranks) any_crashed |= o.ranks[r].status == RankStatus::Crash;
     if (!any_crashed) continue;
-    std::string why = crash_reason(c, -1);
     std::string tail = demangle_text(tail_lines(c.output, 40, 8192));
-    why += "\n  last output:\n" + (tail.empty() ? std::string("  (none)") : tail);
-    crash_msgs.push_back(why);
+    crash_msgs.push_back(crash_reason(c, -1) + "\n  last output:\n" + (tail.empty() ? std::string("  (none)") : tail));
   }
-
   if (timed_out) {
     o.status = Status::Timeout;
     o.message = fmt::format("timed out after {:.1f} s (deadline {:.1f} s); ranks still running: [{}]\n{}", elapsed,
@@ -404,9 +399,9 @@ Outcome Supervisor::make_outcome(bool timed_out, const std::string& stacks, doub
     o.status = Status::Fail;
     o.message = fmt::format("{}", fmt::join(fail_msgs, "\n"));
   } else if (!skipped_ranks.empty()) {
-    bool not_supported = is_not_supported_message(skip_msgs.front());
-    o.status = not_supported ? Status::NotSupported : Status::Skip;
-    o.message = skip_msgs.front();
+    const std::string& first_skip = ranks_[skipped_ranks.front()].skips.front();
+    o.status = is_not_supported_message(first_skip) ? Status::NotSupported : Status::Skip;
+    o.message = first_skip;
     if (!ran_ranks.empty() || !aborted_ranks_.empty()) {
       o.message += fmt::format("\nranks disagree on the skip: skipped on [{}], not skipped on [{}]{}",
                                fmt::join(skipped_ranks, ", "), fmt::join(ran_ranks, ", "),
@@ -415,6 +410,9 @@ Outcome Supervisor::make_outcome(bool timed_out, const std::string& stacks, doub
                                    : fmt::format(", stopped while running on [{}]", fmt::join(aborted_ranks_, ", ")));
     }
   }
+}
+
+void Supervisor::add_abort_notes(Outcome& o, bool timed_out, const std::string& stacks) const {
   // A hang after some ranks returned cleanly is usually a misalignment (a returned rank skipped a
   // collective the others are in): name them, before the stacks. (A FAIL needs no such note: its
   // first failure already says what happened, and healthy ranks routinely finish first.)
@@ -435,6 +433,21 @@ Outcome Supervisor::make_outcome(bool timed_out, const std::string& stacks, doub
         fmt::format("\nranks [{}] were stopped after rank {} failed", fmt::join(aborted_ranks_, ", "), first_bad_rank_);
     if (!stacks.empty()) o.message += "\n" + stacks;
   }
+}
+
+Outcome Supervisor::make_outcome(bool timed_out, const std::string& stacks, double elapsed) {
+  Outcome o;
+  o.duration_s = elapsed;
+  o.reports = reports_;
+  std::map<int, const ChildProc*> proc_of;
+  for (auto& c : children_)
+    for (int r : c.ranks) proc_of[r] = &c;
+  for (int r = 0; r < spec_.world_size; ++r) {
+    for (auto& f : ranks_[r].failures) o.failures.push_back(f);
+    o.ranks.push_back(rank_detail(r, timed_out, proc_of.count(r) ? proc_of[r] : nullptr));
+  }
+  set_verdict(o, timed_out, stacks, elapsed);
+  add_abort_notes(o, timed_out, stacks);
   return o;
 }
 

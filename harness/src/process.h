@@ -4,6 +4,8 @@
 
 #include <sys/types.h>
 
+#include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +50,14 @@ class Supervisor {
   void reap(ChildProc& c, bool block);
   void kill_all();
   Outcome make_outcome(bool timed_out, const std::string& stacks, double elapsed);
+  // Pieces of run() and make_outcome(): one poll of every live child's fds (at most wait_ms);
+  // the first failure's abort time; one rank's detail; the status and message of the test; the
+  // notes a TIMEOUT or a stopped run adds. poll_children is false when poll itself failed.
+  bool poll_children(int wait_ms);
+  void note_first_failure(std::optional<std::chrono::steady_clock::time_point>& abort_at);
+  RankDetail rank_detail(int rank, bool timed_out, const ChildProc* proc) const;
+  void set_verdict(Outcome& o, bool timed_out, const std::string& stacks, double elapsed) const;
+  void add_abort_notes(Outcome& o, bool timed_out, const std::string& stacks) const;
   bool child_crashed(const ChildProc& c) const;
   std::string crash_reason(const ChildProc& c, int rank) const;
   std::string capture_live_stacks() const;  // "" when every process has exited

@@ -131,6 +131,7 @@ nlohmann::json to_json(const RunResults& r) {
                {"launcher", t.launcher},
                {"ranks", std::move(ranks)}};
     if (!t.expectation.empty()) jt["expectation"] = t.expectation;
+    if (!t.file.empty()) jt["file"] = t.file, jt["line"] = t.line;
     if (!t.repeat_statuses.empty()) jt["repeat_statuses"] = t.repeat_statuses;
     if (!t.reports.empty()) jt["reports"] = t.reports;
     tests.push_back(std::move(jt));
@@ -240,18 +241,10 @@ Reports reports_from_json(const json& j, const std::string& where) {
 }
 }  // namespace
 
-RunResults results_from_json(const nlohmann::json& j) {
-  Reader top(j, "");
-  RunResults r;
-  r.schema_version = top.integer("schema_version");
-  if (r.schema_version != kSchemaVersion)
-    throw std::runtime_error(
-        fmt::format("schema_version: {} is not supported (this tdc reads schema_version {}; see "
-                    "docs/results-schema.md)",
-                    r.schema_version, kSchemaVersion));
+namespace {
 
-  Reader ri = top.object("run_info");
-  RunInfo& i = r.run_info;
+RunInfo run_info_from_json(const Reader& ri) {
+  RunInfo i;
   i.implementation = ri.str("implementation");
   i.implementation_version = ri.str("implementation_version", false);
   i.implementation_library = ri.str("implementation_library", false);
@@ -268,58 +261,78 @@ RunResults results_from_json(const nlohmann::json& j) {
   i.host = ri.str("host", false);
   i.started_at = ri.str("started_at", false);
   i.duration_s = ri.num("duration_s", false);
+  return i;
+}
 
+RankDetail rank_detail_from_json(const Reader& rd) {
+  RankDetail d;
+  d.rank = rd.integer("rank");
+  try {
+    d.status = rank_status_from_string(rd.str("status"));
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(fmt::format("{}: {}", rd.field("status"), e.what()));
+  }
+  d.message = rd.str("message", false);
+  d.duration_s = rd.num("duration_s", false);
+  d.exit_code = rd.opt_integer("exit_code");
+  d.signal = rd.opt_integer("signal");
+  return d;
+}
+
+TestResult test_from_json(const json& tj, const Reader& rt) {
+  TestResult t;
+  t.id = rt.str("id");
+  t.suite = rt.str("suite");
+  t.name = rt.str("name");
+  std::string status = rt.str("status");
+  try {
+    t.status = status_from_string(status);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(fmt::format("{} (test '{}'): {}", rt.field("status"), t.id, e.what()));
+  }
+  t.duration_s = rt.num("duration_s");
+  t.message = rt.str("message", false);
+  t.world_size = rt.integer("world_size", false);
+  t.launcher = rt.str("launcher", false);
+  t.expectation = rt.str("expectation", false);
+  t.file = rt.str("file", false);
+  t.line = rt.integer("line", false);
+  if (tj.contains("repeat_statuses")) {
+    Reader rs = rt.object("repeat_statuses");
+    for (const auto& [name, count] : tj["repeat_statuses"].items()) {
+      try {
+        status_from_string(name);
+      } catch (const std::invalid_argument& e) {
+        throw std::runtime_error(fmt::format("{}: {}", rs.field(name), e.what()));
+      }
+      t.repeat_statuses[name] = rs.integer(name.c_str());
+    }
+  }
+  if (tj.contains("ranks")) {
+    const json& ranks = rt.array("ranks");
+    for (size_t n = 0; n < ranks.size(); ++n)
+      t.ranks.push_back(rank_detail_from_json(Reader(ranks[n], fmt::format("{}[{}]", rt.field("ranks"), n))));
+  }
+  if (tj.contains("reports")) t.reports = reports_from_json(tj["reports"], rt.field("reports"));
+  return t;
+}
+
+}  // namespace
+
+RunResults results_from_json(const nlohmann::json& j) {
+  Reader top(j, "");
+  RunResults r;
+  r.schema_version = top.integer("schema_version");
+  if (r.schema_version != kSchemaVersion)
+    throw std::runtime_error(
+        fmt::format("schema_version: {} is not supported (this tdc reads schema_version {}; see "
+                    "docs/results-schema.md)",
+                    r.schema_version, kSchemaVersion));
+  r.run_info = run_info_from_json(top.object("run_info"));
   const json& tests = top.array("tests");
   r.tests.reserve(tests.size());
-  for (size_t k = 0; k < tests.size(); ++k) {
-    Reader rt(tests[k], fmt::format("tests[{}]", k));
-    TestResult t;
-    t.id = rt.str("id");
-    t.suite = rt.str("suite");
-    t.name = rt.str("name");
-    std::string status = rt.str("status");
-    try {
-      t.status = status_from_string(status);
-    } catch (const std::invalid_argument& e) {
-      throw std::runtime_error(fmt::format("{} (test '{}'): {}", rt.field("status"), t.id, e.what()));
-    }
-    t.duration_s = rt.num("duration_s");
-    t.message = rt.str("message", false);
-    t.world_size = rt.integer("world_size", false);
-    t.launcher = rt.str("launcher", false);
-    t.expectation = rt.str("expectation", false);
-    if (tests[k].contains("repeat_statuses")) {
-      Reader rs = rt.object("repeat_statuses");
-      for (const auto& [name, count] : tests[k]["repeat_statuses"].items()) {
-        try {
-          status_from_string(name);
-        } catch (const std::invalid_argument& e) {
-          throw std::runtime_error(fmt::format("{}: {}", rs.field(name), e.what()));
-        }
-        t.repeat_statuses[name] = rs.integer(name.c_str());
-      }
-    }
-    if (tests[k].contains("ranks")) {
-      const json& ranks = rt.array("ranks");
-      for (size_t n = 0; n < ranks.size(); ++n) {
-        Reader rd(ranks[n], fmt::format("{}[{}]", rt.field("ranks"), n));
-        RankDetail d;
-        d.rank = rd.integer("rank");
-        try {
-          d.status = rank_status_from_string(rd.str("status"));
-        } catch (const std::invalid_argument& e) {
-          throw std::runtime_error(fmt::format("{}: {}", rd.field("status"), e.what()));
-        }
-        d.message = rd.str("message", false);
-        d.duration_s = rd.num("duration_s", false);
-        d.exit_code = rd.opt_integer("exit_code");
-        d.signal = rd.opt_integer("signal");
-        t.ranks.push_back(std::move(d));
-      }
-    }
-    if (tests[k].contains("reports")) t.reports = reports_from_json(tests[k]["reports"], rt.field("reports"));
-    r.tests.push_back(std::move(t));
-  }
+  for (size_t k = 0; k < tests.size(); ++k)
+    r.tests.push_back(test_from_json(tests[k], Reader(tests[k], fmt::format("tests[{}]", k))));
   if (j.contains("reports")) r.reports = reports_from_json(j["reports"], "reports");
   for (const TestResult& t : r.tests) merge_reports(r.reports, t.reports);
   return r;
@@ -399,6 +412,42 @@ void write_results_json(const RunResults& r, const fs::path& p) { write_file_ato
 
 namespace {
 
+// One ASCII byte as XML text: markup characters escaped; in attributes whitespace too (or a
+// parser normalises it to spaces); control characters XML 1.0 cannot carry as a visible escape.
+void append_xml_ascii(std::string& out, unsigned char c, bool attribute) {
+  switch (c) {
+    case '&':
+      out += "&amp;";
+      break;
+    case '<':
+      out += "&lt;";
+      break;
+    case '>':
+      out += "&gt;";
+      break;
+    case '"':
+      out += "&quot;";
+      break;
+    case '\'':
+      out += "&apos;";
+      break;
+    case '\n':
+      out += attribute ? "&#10;" : "\n";
+      break;
+    case '\t':
+      out += attribute ? "&#9;" : "\t";
+      break;
+    case '\r':
+      out += "&#13;";
+      break;
+    default:
+      if (c < 0x20 || c == 0x7f)
+        out += fmt::format("\\x{:02x}", c);  // not representable in XML 1.0
+      else
+        out += static_cast<char>(c);
+  }
+}
+
 // Appends s to out as XML character data / attribute text: escapes markup characters, replaces
 // bytes XML 1.0 cannot carry (control characters, invalid UTF-8) with U+FFFD or a visible escape.
 void append_xml_escaped(std::string& out, const std::string& s, bool attribute) {
@@ -408,38 +457,7 @@ void append_xml_escaped(std::string& out, const std::string& s, bool attribute) 
   for (size_t i = 0; i < n;) {
     unsigned char c = b[i];
     if (c < 0x80) {
-      switch (c) {
-        case '&':
-          out += "&amp;";
-          break;
-        case '<':
-          out += "&lt;";
-          break;
-        case '>':
-          out += "&gt;";
-          break;
-        case '"':
-          out += "&quot;";
-          break;
-        case '\'':
-          out += "&apos;";
-          break;
-        // In attributes, whitespace must be escaped or a parser normalises it to spaces.
-        case '\n':
-          out += attribute ? "&#10;" : "\n";
-          break;
-        case '\t':
-          out += attribute ? "&#9;" : "\t";
-          break;
-        case '\r':
-          out += "&#13;";
-          break;
-        default:
-          if (c < 0x20 || c == 0x7f)
-            out += fmt::format("\\x{:02x}", c);  // not representable in XML 1.0
-          else
-            out += static_cast<char>(c);
-      }
+      append_xml_ascii(out, c, attribute);
       ++i;
       continue;
     }

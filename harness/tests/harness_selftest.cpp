@@ -442,6 +442,17 @@ void expect_timeout(const char* test, std::vector<std::string> in_message, doubl
 // The first line of a result's message.
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
+// The result names where the test failed (results.json's file and line): that source line holds
+// `what` (the failed assertion, or the TDC_DIST_TEST line for what has no assertion behind it).
+void expect_location(const TestResult& t, const std::string& what) {
+  ASSERT_FALSE(t.file.empty()) << t.id << " has no file";
+  EXPECT_TRUE(t.file.ends_with("mustfail_cases.cpp")) << t.file;
+  std::ifstream in(t.file);
+  std::string line;
+  for (int n = 0; n < t.line && std::getline(in, line);) ++n;
+  EXPECT_TRUE(contains(line, what)) << t.file << ":" << t.line << " is '" << line << "', not '" << what << "'";
+}
+
 }  // namespace
 
 TEST(HarnessMustFail, CrashOnOneRank) {
@@ -463,12 +474,16 @@ TEST(HarnessMustFail, HangOnOneRankTimesOutWithStacks) {
   const std::string& m = only_test(r).message;
   EXPECT_TRUE(contains(m, "not where the others are: rank 2 (rank 0, rank 1, rank 3 are all in one place)")) << m;
   EXPECT_LT(m.find("stacks of rank 2"), m.find("stacks of rank 0")) << m;
+  expect_location(only_test(r), "TDC_DIST_TEST(MustFail, HangOnOneRank");
 }
 TEST(HarnessMustFail, ExceptionOnOneRank) {
-  expect_status("ExceptionOnOneRank", Status::Fail, {"[rank 3]", "boom from rank 3", "stopped after rank 3 failed"});
+  ChildRun r = expect_outcome("MustFail.ExceptionOnOneRank",
+                              {Status::Fail, {"[rank 3]", "boom from rank 3", "stopped after rank 3 failed"}});
+  expect_location(only_test(r), "TDC_DIST_TEST(MustFail, ExceptionOnOneRank)");
 }
 TEST(HarnessMustFail, AssertInSubtestNamesRankAndParameters) {
-  expect_status("AssertInSubtest", Status::Fail, {"[rank 1] [subtest x=2]", "x must be 1"});
+  ChildRun r = expect_outcome("MustFail.AssertInSubtest", {Status::Fail, {"[rank 1] [subtest x=2]", "x must be 1"}});
+  expect_location(only_test(r), "EXPECT_EQ(p.get<int>(\"x\"), 1)");
 }
 // The typed form names its parameters exactly as the string-keyed one: only the last
 // combination fails, and only its label appears.

@@ -55,6 +55,11 @@ struct TestResult {
   Status status = Status::Pass;
   double duration_s = 0;
   std::string message;  // empty on PASS
+  // Where a failing test failed: the first failed assertion's file:line; for an exception, a
+  // TIMEOUT or a CRASH (no assertion), the test's definition (TDC_DIST_TEST / TEST). Empty when
+  // the test did not fail.
+  std::string file;
+  int line = 0;
   int world_size = 0;
   std::string launcher;
   std::vector<RankDetail> ranks;
