@@ -10,8 +10,8 @@ The models, batches and step are those of bench/cpp/bench_fsdp.cpp:
     MSE loss on [B, 256];
   * Transformer(ModelArgs(n_layers=2, vocab_size=512, max_seq_len=64, dim=128, n_heads=4,
     dropout_p=0, weight tying)) (common_dtensor.py's), global batch 16, token cross-entropy.
-The model classes are PyTorch's own test fixtures, loaded the way fixtures/golden/
-make_fixture_goldens.py loads them (its loader is imported from there).
+The model classes are PyTorch's own test fixtures, loaded the way
+fixtures/golden/pytorch_fixtures.py loads them (its loader is imported from there).
 
 A step is forward + loss + backward + torch.optim.SGD(lr=1e-3).step() + zero_grad(set_to_none).
 World sizes 2 and 4: world_size processes (torch.multiprocessing spawn), Gloo over a FileStore in
@@ -58,7 +58,7 @@ MODELS = {  # name -> global batch
 
 
 def fixture_modules():
-    import make_fixture_goldens as g  # PyTorch's own fixture classes, loaded from the wheel
+    import pytorch_fixtures as g  # PyTorch's own fixture classes, loaded from the wheel
     return g.fsdp_module(), g.dtensor_module()
 
 

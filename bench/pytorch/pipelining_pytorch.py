@@ -42,6 +42,12 @@ import torch.multiprocessing as mp  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from bench_common import write_json  # noqa: E402
 
+# The models: fixtures/golden/pytorch_fixtures.py, one module for every Python side of tdc.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "fixtures", "golden"))
+from pytorch_fixtures import loss_fn  # noqa: E402
+from pytorch_fixtures import MLPModuleComposability as MLPModule  # noqa: E402  (test_composability.py's)
+
 LR = 1e-3
 TOTAL_LAYERS = 8
 GLOBAL_BATCH = 64
@@ -50,26 +56,6 @@ STAGES_PER_RANK_MULTI = 2
 SCHEDULES = ["ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "ScheduleLoopedBFS",
              "ScheduleInterleavedZeroBubble"]
 SINGLE_STAGE = {"ScheduleGPipe", "Schedule1F1B"}
-
-
-class MLPModule(nn.Module):
-    """test_composability.py's MLPModule (with its init_weights)."""
-
-    def __init__(self, d_hid):
-        super().__init__()
-        self.net1 = nn.Linear(d_hid, d_hid)
-        self.relu = nn.ReLU()
-        self.net2 = nn.Linear(d_hid, d_hid)
-        nn.init.kaiming_uniform_(self.net1.weight, mode="fan_in", nonlinearity="relu")
-        nn.init.kaiming_uniform_(self.net2.weight, mode="fan_in", nonlinearity="relu")
-
-    def forward(self, x):
-        return self.net2(self.relu(self.net1(x)))
-
-
-def loss_fn(y, target, scale=1e-4):
-    """test_composability.py's loss_fn."""
-    return torch.nn.functional.cross_entropy(y, target) * scale
 
 
 def p90(v):

@@ -51,26 +51,17 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.multiprocessing.spawn import ProcessException
 
+# The models: fixtures/golden/pytorch_fixtures.py, one module for every Python side of tdc.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "fixtures", "golden"))
+from pytorch_fixtures import fsdp_module  # noqa: E402
+
 DIM = 6  # uneven on 4 ranks: some FSDP shards are empty
 MLP_FQNS = ("0", "1.0", "2")  # the MLPs of the model, as the TP plan names them
 
 
-class MLP(nn.Module):
-    """torch/testing/_internal/common_fsdp.py's MLP (copied: importing that module needs
-    expecttest, which the venv lacks)."""
-
-    def __init__(self, dim: int, *, with_buffer: bool = False):
-        super().__init__()
-        self.in_proj = nn.Linear(dim, 4 * dim)
-        self.out_proj = nn.Linear(4 * dim, dim)
-        if with_buffer:
-            self.register_buffer("buffer", torch.randn((dim,)))
-        else:
-            self.buffer = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = torch.relu(self.out_proj(torch.relu(self.in_proj(x))))
-        return z + self.buffer if self.buffer is not None else z
+# common_fsdp.py's MLP, loaded from the wheel by the fixture module (its import needs expecttest).
+MLP = fsdp_module().MLP
 
 
 def build_model(layout: str, seed: int) -> nn.Module:

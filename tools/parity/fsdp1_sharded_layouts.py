@@ -14,10 +14,10 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import parallelize_module, ColwiseParallel, RowwiseParallel
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, get_model_state_dict, StateDictOptions
 from torch.distributed.fsdp.wrap import always_wrap_policy
-class SimpleModel(nn.Module):
-    def __init__(s):
-        super().__init__(); s.net1=nn.Linear(5,8); s.relu=nn.ReLU(); s.net2=nn.Linear(8,4); s.net3=nn.Linear(4,12)
-    def forward(s,x): return torch.relu(s.net3(torch.relu(s.net2(torch.relu(s.net1(x))))))
+# test_fsdp_dsd.py's SimpleModel: fixtures/golden/pytorch_fixtures.py, one module for every Python side.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "fixtures", "golden"))
+from pytorch_fixtures import SimpleModel  # noqa: E402
 def run(rank):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
     dist.init_process_group("gloo", rank=rank, world_size=4)

@@ -70,7 +70,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "fixtures", "golden"))
 # PyTorch's own test models (common_fsdp's MLP / MLPStack, common_dtensor's Transformer), loaded
 # from the installed wheel as the fixture goldens load them (the modules need expecttest to import).
-from make_fixture_goldens import dtensor_module, fsdp_module  # noqa: E402
+from pytorch_fixtures import dtensor_module, fsdp_module  # noqa: E402
 
 FSDP_MODELS = fsdp_module()
 DTENSOR_MODELS = dtensor_module()

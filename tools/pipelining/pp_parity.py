@@ -53,31 +53,17 @@ from torch.distributed.pipelining.schedules import (  # noqa: E402
 )
 from torch.multiprocessing.spawn import ProcessException  # noqa: E402
 
+# The models: fixtures/golden/pytorch_fixtures.py, one module for every Python side of tdc.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "fixtures", "golden"))
+from pytorch_fixtures import loss_fn  # noqa: E402
+from pytorch_fixtures import MLPModuleComposability as MLPModule  # noqa: E402  (test_composability.py's)
+
 WORLD, DP, PP = 4, 2, 2
 DIM, TOTAL_LAYERS, N_MICROBATCHES = 10, 8, 8
 BATCH = 16  # rows per dp index and step: 2 rows per microbatch
 LR = 1e-3
 SCHEDULES = [ScheduleGPipe, ScheduleInterleaved1F1B]
-
-
-class MLPModule(nn.Module):
-    """test_composability.py's MLPModule (with its init_weights)."""
-
-    def __init__(self, d_hid: int):
-        super().__init__()
-        self.net1 = nn.Linear(d_hid, d_hid)
-        self.relu = nn.ReLU()
-        self.net2 = nn.Linear(d_hid, d_hid)
-        nn.init.kaiming_uniform_(self.net1.weight, mode="fan_in", nonlinearity="relu")
-        nn.init.kaiming_uniform_(self.net2.weight, mode="fan_in", nonlinearity="relu")
-
-    def forward(self, x):
-        return self.net2(self.relu(self.net1(x)))
-
-
-def loss_fn(y, target, scale=1e-4):
-    """test_composability.py's loss_fn."""
-    return torch.nn.functional.cross_entropy(y, target) * scale
 
 
 def draw_inputs(seed: int, steps: int) -> dict[str, torch.Tensor]:
