@@ -322,7 +322,9 @@ bool init(int* argc, char** argv, std::string* error) {
   // that cannot see the harness (fixtures/models.h reads them); ranks inherit them.
   ::setenv("TDC_DEVICE", internal::settings().device_type.c_str(), 1);
   ::setenv("TDC_BACKEND", internal::settings().backend.c_str(), 1);
-  // The parent runs no parallel ATen work, so fork() stays safe (see libtorch-notes).
+  // The parent runs no parallel ATen work, so fork() stays safe: a child forked after its parent
+  // ran a multi-threaded ATen op inherits a thread pool whose threads it does not have, and hangs
+  // in its first parallel op.
   at::set_num_threads(1);
   if (!detail::child_spec().active) detail::install_parent_signal_handlers();
   return true;

@@ -84,7 +84,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // Parameters that require grad (deduplicated, registration order) and their FQNs in module_.
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;
-  // Kept alive: a post hook only fires while its accumulator exists (libtorch-notes, Autograd).
+  // Kept alive: autograd runs a gradient accumulator's post hook only while the accumulator node
+  // itself exists, and a parameter holds its accumulator only weakly.
   std::vector<compat::NodePtr> accumulators_;  // [Note: autograd Node pointers]
   std::vector<uintptr_t> hook_keys_;
   std::vector<size_t> bucket_of_;  // param index -> bucket index
