@@ -530,10 +530,20 @@ def check_requirement(sc):
         raise RuntimeError(f"needs PyTorch >= {req['pytorch']} (this is {torch.__version__}): {req['why']}")
 
 
+def fail_once_for_tests(name):
+    """CTest tdc_parity_retries_oracle_failure: with TDC_PARITY_ORACLE_FAIL_ONCE=FILE, the first
+    scenario run fails (as if the oracle's process had died) and leaves FILE; later runs go on."""
+    marker = os.environ.get("TDC_PARITY_ORACLE_FAIL_ONCE")
+    if marker and not os.path.exists(marker):
+        open(marker, "w").close()
+        raise RuntimeError(f"{name}: failing once on purpose (TDC_PARITY_ORACLE_FAIL_ONCE)")
+
+
 def run_scenario(path, inputs_dir, traces_dir):
     with open(path) as f:
         sc = json.load(f)
     check_requirement(sc)
+    fail_once_for_tests(sc["name"])
     inputs_path = os.path.join(inputs_dir, f"{sc['name']}.safetensors")
     save_file(draw_inputs(sc), inputs_path)
     with tempfile.TemporaryDirectory(prefix="tdc-parity-py.") as tmp:
@@ -560,6 +570,7 @@ def main() -> int:
     parser.add_argument("--traces", required=True, help="directory for <name>.pytorch.json")
     parser.add_argument("scenarios", nargs="+", help="scenario JSON files")
     args = parser.parse_args()
+    torch.set_num_threads(1)  # the parent forks the ranks: no parallel ATen work before a fork
     os.makedirs(args.inputs, exist_ok=True)
     os.makedirs(args.traces, exist_ok=True)
     failed = 0
