@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <tdc/json/reader.h>
+
 #include "../cli.h"
 
 namespace tdc::cli::mutate {
@@ -30,34 +32,19 @@ size_t count_occurrences(const std::string& text, const std::string& what) {
   return n;
 }
 
-Mutant parse_mutant(const json& e, const std::string& where) {
-  if (!e.is_object()) throw UsageError(fmt::format("{}: expected an object, got {}", where, e.dump()));
-  auto str = [&](const char* field, bool required) -> std::string {
-    if (!e.contains(field)) {
-      if (!required) return "";
-      throw UsageError(fmt::format("{}: missing field '{}'", where, field));
-    }
-    if (!e[field].is_string() || (required && e[field].get<std::string>().empty()))
-      throw UsageError(fmt::format("{}: field '{}' must be a non-empty string, got {}", where, field, e[field].dump()));
-    return e[field].get<std::string>();
-  };
-  Mutant m{str("id", true),
-           str("component", true),
-           str("file", true),
-           str("find", true),
-           str("replace", false),
-           str("bug", true),
-           {},
-           str("survivor_note", false)};
-  if (!e.contains("replace") || !e["replace"].is_string())
-    throw UsageError(fmt::format("{}: field 'replace' must be a string", where));
-  if (e.contains("suites")) {
-    if (!e["suites"].is_array()) throw UsageError(fmt::format("{}: field 'suites' must be an array of names", where));
-    for (const auto& s : e["suites"]) {
-      if (!s.is_string()) throw UsageError(fmt::format("{}: 'suites' entry {} is not a string", where, s.dump()));
-      m.suites.push_back(s.get<std::string>());
-    }
-  }
+using Reader = tdc::json::Reader<UsageError>;  // [Note: one JSON reader]
+
+Mutant parse_mutant(Reader e) {
+  Mutant m;
+  m.id = e.string("id");
+  m.component = e.string("component");
+  m.file = e.string("file");
+  m.find = e.string("find");
+  m.replace = e.string("replace", {}, /*may_be_empty=*/true);
+  m.bug = e.string("bug");
+  if (e.has("suites")) m.suites = e.strings("suites");
+  m.survivor_note = e.string_or("survivor_note", "");
+  e.no_unknown_keys();
   return m;
 }
 
@@ -87,26 +74,24 @@ Catalogue read_catalogue(const fs::path& path, const fs::path& root) {
   } catch (const json::parse_error& e) {
     throw UsageError(fmt::format("'{}' is not valid JSON: {}", path.string(), e.what()));
   }
-  if (!j.is_object() || j.value("schema", "") != "tdc-mutants/1" || !j.contains("mutants") || !j["mutants"].is_array())
-    throw UsageError(
-        fmt::format("'{}': expected {{\"schema\": \"tdc-mutants/1\", \"mutants\": [...]}}", path.string()));
+  Reader top(j, fmt::format("mutant catalogue '{}'", path.string()));
+  top.string("schema", {"tdc-mutants/1"});
+  const json& mutants = top.array("mutants");
   Catalogue c;
   std::set<std::string> ids;
-  for (size_t i = 0; i < j["mutants"].size(); ++i) {
-    std::string where = fmt::format("'{}': mutants[{}]", path.string(), i);
-    Mutant m = parse_mutant(j["mutants"][i], where);
-    where += " (" + m.id + ")";
+  for (size_t i = 0; i < mutants.size(); ++i) {
+    Mutant m = parse_mutant(top.object_at("mutants", mutants, i));
+    const std::string where = fmt::format("'{}': mutants[{}] ({})", path.string(), i, m.id);
     if (!ids.insert(m.id).second) throw UsageError(fmt::format("{}: id '{}' is used twice", where, m.id));
     check_against_source(m, root, where);
     c.mutants.push_back(std::move(m));
   }
-  if (j.contains("smoke")) {
-    for (const auto& s : j["smoke"]) {
-      if (!s.is_string() || !ids.count(s.get<std::string>()))
-        throw UsageError(fmt::format("'{}': smoke entry {} is not a mutant id", path.string(), s.dump()));
-      c.smoke.push_back(s.get<std::string>());
-    }
+  if (top.has("smoke")) {
+    c.smoke = top.strings("smoke");
+    for (size_t i = 0; i < c.smoke.size(); ++i)
+      if (!ids.count(c.smoke[i])) top.fail_at(top.element("smoke", i), "is not a mutant id", json(c.smoke[i]));
   }
+  top.no_unknown_keys();
   return c;
 }
 

@@ -9,87 +9,46 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <tdc/json/reader.h>
+
 namespace tdc::cli {
 
 namespace {
 
 using nlohmann::json;
 
-// Field access with errors naming the file and the field path.
-struct Fields {
-  const std::string& file;
-  const json& j;
-  std::string path;
+using Reader = tdc::json::Reader<std::runtime_error>;  // [Note: one JSON reader]
 
-  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
-    throw std::runtime_error(
-        fmt::format("parity file '{}': {}{}{}: {}", file, path, path.empty() ? "" : ".", key, what));
-  }
-  const json* get(const std::string& key, bool required) const {
-    if (!j.contains(key) || j[key].is_null()) {
-      if (required) fail(key, "missing field");
-      return nullptr;
-    }
-    return &j[key];
-  }
-  std::string str(const std::string& key, bool required = false) const {
-    const json* v = get(key, required);
-    if (!v) return "";
-    if (!v->is_string()) fail(key, fmt::format("expected a string, got {}", v->dump()));
-    return v->get<std::string>();
-  }
-  double num(const std::string& key, bool required = false) const {
-    const json* v = get(key, required);
-    if (!v) return 0;
-    if (!v->is_number()) fail(key, fmt::format("expected a number, got {}", v->dump()));
-    return v->get<double>();
-  }
-  std::vector<double> numbers(const std::string& key) const {
-    const json* v = get(key, false);
-    std::vector<double> out;
-    if (!v) return out;
-    if (!v->is_array()) fail(key, fmt::format("expected an array of numbers, got {}", v->dump().substr(0, 80)));
-    for (size_t i = 0; i < v->size(); ++i) {
-      const json& x = (*v)[i];
-      if (x.is_null())
-        out.push_back(std::numeric_limits<double>::quiet_NaN());
-      else if (x.is_number())
-        out.push_back(x.get<double>());
-      else
-        fail(fmt::format("{}[{}]", key, i), fmt::format("expected a number or null, got {}", x.dump()));
-    }
-    return out;
-  }
-  Fields object(const std::string& key) const {
-    const json* v = get(key, false);
-    static const json kEmpty = json::object();
-    if (v && !v->is_object()) fail(key, fmt::format("expected an object, got {}", v->dump().substr(0, 80)));
-    return Fields{file, v ? *v : kEmpty, path.empty() ? key : path + "." + key};
-  }
-};
+// A list of numbers in which null stands for NaN (JSON has no NaN); absent: empty.
+std::vector<double> numbers_or_nan(Reader& r, const std::string& key) {
+  const json& a = r.array_or_empty(key, "must be a list of numbers");
+  std::vector<double> out;
+  for (size_t i = 0; i < a.size(); ++i)
+    out.push_back(a[i].is_null() ? std::numeric_limits<double>::quiet_NaN()
+                                 : r.number_value(r.element(key, i), a[i], -std::numeric_limits<double>::infinity()));
+  return out;
+}
 
-ParityScenario read_scenario(const Fields& f) {
+ParityScenario read_scenario(Reader f) {
   ParityScenario s;
-  s.name = f.str("name", true);
-  s.description = f.str("description");
-  s.recipe = f.str("recipe");
-  s.world_size = static_cast<int>(f.num("world_size"));
-  Fields tol = f.object("tolerance");
-  s.rtol = tol.num("rtol");
-  s.atol = tol.num("atol");
-  s.tolerance_why = tol.str("why");
-  s.verdict = f.str("verdict", true);
-  if (s.verdict != "PASS" && s.verdict != "FAIL" && s.verdict != "ERROR" && s.verdict != "NOT_SUPPORTED")
-    f.fail("verdict", fmt::format("must be PASS, FAIL, ERROR or NOT_SUPPORTED, got '{}'", s.verdict));
-  s.message = f.str("message");
-  Fields loss = f.object("loss"), grad = f.object("grad_norm");
-  s.loss_tdc = loss.numbers("tdc");
-  s.loss_pytorch = loss.numbers("pytorch");
-  s.grad_norm_tdc = grad.numbers("tdc");
-  s.grad_norm_pytorch = grad.numbers("pytorch");
-  s.max_rel_diff_per_step = f.numbers("max_rel_diff_per_step");
-  if (f.get("max_param_rel_diff", false)) {
-    s.max_param_rel_diff = f.num("max_param_rel_diff");
+  s.name = f.string("name");
+  s.description = f.string_or("description", "");
+  s.recipe = f.string_or("recipe", "");
+  s.world_size = static_cast<int>(f.integer_or("world_size", 0, 0, std::numeric_limits<int>::max()));
+  Reader tol = f.object_or_empty("tolerance");
+  s.rtol = tol.number_or("rtol", 0);
+  s.atol = tol.number_or("atol", 0);
+  s.tolerance_why = tol.string_or("why", "");
+  s.verdict = f.string("verdict", {"PASS", "FAIL", "ERROR", "NOT_SUPPORTED"});
+  s.message = f.string_or("message", "");
+  Reader loss = f.object_or_empty("loss"), grad = f.object_or_empty("grad_norm");
+  s.loss_tdc = numbers_or_nan(loss, "tdc");
+  s.loss_pytorch = numbers_or_nan(loss, "pytorch");
+  s.grad_norm_tdc = numbers_or_nan(grad, "tdc");
+  s.grad_norm_pytorch = numbers_or_nan(grad, "pytorch");
+  s.max_rel_diff_per_step = numbers_or_nan(f, "max_rel_diff_per_step");
+  if (f.has("max_param_rel_diff")) {
+    s.max_param_rel_diff = f.number("max_param_rel_diff");
     s.has_max_param_rel_diff = true;
   }
   return s;
@@ -107,23 +66,17 @@ ParityRun read_parity(const std::filesystem::path& file) {
   } catch (const json::parse_error& e) {
     throw std::runtime_error(fmt::format("parity file '{}' is not valid JSON: {}", name, e.what()));
   }
-  if (!j.is_object()) throw std::runtime_error(fmt::format("parity file '{}': expected a JSON object", name));
-  Fields top{name, j, ""};
-  if (std::string schema = top.str("schema", true); schema != kParitySchema)
-    top.fail("schema", fmt::format("'{}' is not supported (this tdc reads '{}')", schema, kParitySchema));
+  Reader top(j, fmt::format("parity file '{}'", name));
+  if (const std::string schema = top.string("schema"); schema != kParitySchema)
+    top.fail_at("schema", fmt::format("is not supported (this tdc reads '{}')", kParitySchema), j["schema"]);
   ParityRun run;
   run.source = file;
-  run.created = top.str("created");
-  if (const json* m = top.get("machine", false); m && m->is_object())
+  run.created = top.string_or("created", "");
+  if (const json* m = top.find("machine"); m && m->is_object())
     for (const auto& [k, v] : m->items()) run.machine.emplace_back(k, v.is_string() ? v.get<std::string>() : v.dump());
-  const json* scenarios = top.get("scenarios", true);
-  if (!scenarios->is_array()) top.fail("scenarios", "expected an array");
-  for (size_t i = 0; i < scenarios->size(); ++i) {
-    const json& s = (*scenarios)[i];
-    std::string path = fmt::format("scenarios[{}]", i);
-    if (!s.is_object()) throw std::runtime_error(fmt::format("parity file '{}': {}: expected an object", name, path));
-    run.scenarios.push_back(read_scenario(Fields{name, s, path}));
-  }
+  const json& scenarios = top.array("scenarios");
+  for (size_t i = 0; i < scenarios.size(); ++i)
+    run.scenarios.push_back(read_scenario(top.object_at("scenarios", scenarios, i)));
   return run;
 }
 

@@ -230,9 +230,10 @@ TEST(ReportParity, ErrorsNameTheFileAndTheField) {
       EXPECT_NE(std::string(e.what()).find(f.string()), std::string::npos) << e.what();
     }
   };
-  expect_error(R"({"schema":"tdc-parity/2","scenarios":[]})", "schema: 'tdc-parity/2' is not supported");
+  expect_error(R"({"schema":"tdc-parity/2","scenarios":[]})",
+               "field 'schema': is not supported (this tdc reads 'tdc-parity/1') (value: \"tdc-parity/2\")");
   expect_error(R"({"schema":"tdc-parity/1","scenarios":[{"name":"a","verdict":"MAYBE"}]})",
-               "scenarios[0].verdict: must be PASS, FAIL, ERROR or NOT_SUPPORTED");
+               "field 'scenarios[0].verdict': unknown value (known: PASS, FAIL, ERROR, NOT_SUPPORTED)");
   expect_error(R"({"schema":"tdc-parity/1","scenarios":[{"name":"a","verdict":"PASS","loss":{"tdc":[1,"x"]}}]})",
                "scenarios[0].loss.tdc[1]");
   expect_error("{not json", "not valid JSON");

@@ -168,8 +168,8 @@ TEST(ParityScenario, MalformedFilesNameFileFieldAndValue) {
       {[](auto& j) { j["recipe"]["kind"] = "zero3"; },
        file + ": field 'recipe.kind': unknown value (known: none, ddp, "
               "tp, fsdp, hsdp, tp_fsdp, pipeline, fsdp1) (value: \"zero3\")"},
-      {[](auto& j) { j["world_size"] = 5; }, file + ": field 'world_size': out of range: must be 1..4 (value: 5)"},
-      {[](auto& j) { j["world_size"] = 0; }, file + ": field 'world_size': out of range: must be 1..4 (value: 0)"},
+      {[](auto& j) { j["world_size"] = 5; }, file + ": field 'world_size': must be an integer in 1..4 (value: 5)"},
+      {[](auto& j) { j["world_size"] = 0; }, file + ": field 'world_size': must be an integer in 1..4 (value: 0)"},
       {[](auto& j) { j["mesh"]["shape"] = {4}; },
        file + ": field 'mesh.shape': has 4 ranks; world_size is 2 (value: [4])"},
       {[](auto& j) { j["mesh"]["dim_names"] = {"tp"}; },

@@ -11,6 +11,8 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <tdc/json/reader.h>
+
 namespace tdc::parity {
 
 namespace {
@@ -26,95 +28,12 @@ const std::vector<std::string> kDtypes = {"float32", "bfloat16", "float16"};
 const std::vector<std::string> kSchedules = {"GPipe", "1F1B"};
 constexpr int kMaxWorld = 4, kMaxSteps = 20;
 
-// Reads fields of one JSON object, naming "file: field 'path.key'" in every error, and
-// remembers which keys were read so that unknown keys (typos) are errors too.
-class Reader {
- public:
-  Reader(const std::filesystem::path& file, const json& obj, std::string prefix)
-      : file_(file), obj_(obj), prefix_(std::move(prefix)) {
-    if (!obj_.is_object()) fail(prefix_.empty() ? "(top level)" : prefix_, "must be a JSON object", obj_);
-  }
-
-  [[noreturn]] void fail(const std::string& field, const std::string& what, const json& value) const {
-    throw ScenarioError(
-        fmt::format("scenario '{}': field '{}': {} (value: {})", file_.string(), field, what, value.dump()));
-  }
-  std::string path(const std::string& key) const { return prefix_.empty() ? key : prefix_ + "." + key; }
-
-  const json* find(const std::string& key) {
-    seen_.insert(key);
-    auto it = obj_.find(key);
-    return it == obj_.end() ? nullptr : &*it;
-  }
-  const json& need(const std::string& key) {
-    const json* v = find(key);
-    if (!v) throw ScenarioError(fmt::format("scenario '{}': missing field '{}'", file_.string(), path(key)));
-    return *v;
-  }
-
-  std::string str(const std::string& key, const std::vector<std::string>& allowed = {}) {
-    return str_value(key, need(key), allowed);
-  }
-  std::string str_or(const std::string& key, const std::string& dflt, const std::vector<std::string>& allowed = {}) {
-    const json* v = find(key);
-    return v ? str_value(key, *v, allowed) : dflt;
-  }
-  int64_t integer(const std::string& key, int64_t lo, int64_t hi) { return int_value(key, need(key), lo, hi); }
-  int64_t integer_or(const std::string& key, int64_t dflt, int64_t lo, int64_t hi) {
-    const json* v = find(key);
-    return v ? int_value(key, *v, lo, hi) : dflt;
-  }
-  double number(const std::string& key, double lo) { return number_value(key, need(key), lo); }
-  double number_or(const std::string& key, double dflt, double lo) {
-    const json* v = find(key);
-    return v ? number_value(key, *v, lo) : dflt;
-  }
-  bool boolean_or(const std::string& key, bool dflt) {
-    const json* v = find(key);
-    if (!v) return dflt;
-    if (!v->is_boolean()) fail(path(key), "must be true or false", *v);
-    return v->get<bool>();
-  }
-  Reader object(const std::string& key) { return Reader(file_, need(key), path(key)); }
-
-  // Every key of the object must have been read.
-  void no_unknown_keys() const {
-    for (const auto& [key, value] : obj_.items()) {
-      if (!seen_.count(key)) fail(path(key), "unknown field", value);
-    }
-  }
-
- private:
-  std::string str_value(const std::string& key, const json& v, const std::vector<std::string>& allowed) const {
-    if (!v.is_string()) fail(path(key), "must be a string", v);
-    std::string s = v.get<std::string>();
-    if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), s) == allowed.end())
-      fail(path(key), fmt::format("unknown value (known: {})", fmt::join(allowed, ", ")), v);
-    if (allowed.empty() && s.empty()) fail(path(key), "must not be empty", v);
-    return s;
-  }
-  int64_t int_value(const std::string& key, const json& v, int64_t lo, int64_t hi) const {
-    if (!v.is_number_integer()) fail(path(key), "must be an integer", v);
-    const int64_t n = v.get<int64_t>();
-    if (n < lo || n > hi) fail(path(key), fmt::format("out of range: must be {}..{}", lo, hi), v);
-    return n;
-  }
-  double number_value(const std::string& key, const json& v, double lo) const {
-    if (!v.is_number()) fail(path(key), "must be a number", v);
-    const double d = v.get<double>();
-    if (!(d >= lo)) fail(path(key), fmt::format("must be >= {}", lo), v);
-    return d;
-  }
-
-  const std::filesystem::path& file_;
-  const json& obj_;
-  std::string prefix_;
-  std::set<std::string> seen_;
-};
+// [Note: one JSON reader]: errors read "scenario 'FILE': field 'PATH': ... (value: ...)".
+using Reader = tdc::json::Reader<ScenarioError>;
 
 ModelSpec read_model(Reader r) {
   ModelSpec m;
-  m.type = r.str("type", kModels);
+  m.type = r.string("type", kModels);
   if (m.is_fsdp1_fixture()) {  // the fixture fixes its own sizes
     r.no_unknown_keys();
     return m;
@@ -126,7 +45,8 @@ ModelSpec read_model(Reader r) {
     m.n_layers = r.integer("n_layers", 1, 64);
     m.n_heads = r.integer("n_heads", 1, 64);
     m.seq_len = r.integer("seq_len", 1, 4096);
-    if (m.dim % m.n_heads != 0) r.fail(r.path("n_heads"), fmt::format("must divide dim {}", m.dim), json(m.n_heads));
+    if (m.dim % m.n_heads != 0)
+      r.fail_at(r.field("n_heads"), fmt::format("must divide dim {}", m.dim), json(m.n_heads));
   }
   r.no_unknown_keys();
   return m;
@@ -134,20 +54,21 @@ ModelSpec read_model(Reader r) {
 
 Recipe read_recipe(Reader r) {
   Recipe rc;
-  rc.kind = r.str("kind", kRecipes);
+  rc.kind = r.string("kind", kRecipes);
   if (rc.kind == "fsdp1") {
-    rc.sharding_strategy = r.str("sharding_strategy", kShardingStrategies);
+    rc.sharding_strategy = r.string("sharding_strategy", kShardingStrategies);
     rc.use_orig_params = r.boolean_or("use_orig_params", false);
   }
   if (r.find("mixed_precision")) {
     Reader mp = r.object("mixed_precision");
-    rc.mixed_precision = MixedPrecision{mp.str("param_dtype", kDtypes), mp.str_or("reduce_dtype", "float32", kDtypes)};
+    rc.mixed_precision =
+        MixedPrecision{mp.string("param_dtype", kDtypes), mp.string_or("reduce_dtype", "float32", kDtypes)};
     mp.no_unknown_keys();
   }
   rc.grad_accum = static_cast<int>(r.integer_or("grad_accum", 1, 1, 16));
   rc.activation_checkpointing = r.boolean_or("activation_checkpointing", false);
   if (rc.kind == "pipeline") {
-    rc.schedule = r.str("schedule", kSchedules);
+    rc.schedule = r.string("schedule", kSchedules);
     rc.microbatches = static_cast<int>(r.integer("microbatches", 1, 64));
   }
   if (r.find("checkpoint_resume_at"))
@@ -174,7 +95,9 @@ int64_t mesh_size_of(const Scenario& s, const std::string& name) {
 // How the fields fit together.
 void check_consistency(const Scenario& s, Reader& r) {
   const Recipe& rc = s.recipe;
-  auto fail = [&](const std::string& field, const std::string& what, const json& value) { r.fail(field, what, value); };
+  auto fail = [&](const std::string& field, const std::string& what, const json& value) {
+    r.fail_at(field, what, value);
+  };
   const auto expected = mesh_names_for(rc.kind);
   if (std::find(expected.begin(), expected.end(), s.mesh_dim_names) == expected.end()) {
     std::vector<std::string> alts;
@@ -286,19 +209,19 @@ Scenario load_scenario(const std::filesystem::path& file) {
   if (!in) throw ScenarioError(fmt::format("scenario '{}': cannot be read", file.string()));
   json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw ScenarioError(fmt::format("scenario '{}': not valid JSON", file.string()));
-  Reader r(file, j, "");
+  Reader r(j, fmt::format("scenario '{}'", file.string()));
   Scenario s;
   s.file = file;
-  s.name = r.str("name");
+  s.name = r.string("name");
   if (s.name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos)
-    r.fail("name", "may hold only a-z, 0-9, '_' and '-' (it names files)", json(s.name));
-  s.description = r.str("description");
+    r.fail_at("name", "may hold only a-z, 0-9, '_' and '-' (it names files)", json(s.name));
+  s.description = r.string("description");
   s.model = read_model(r.object("model"));
   // The FSDP1 test models seed their weights (deterministic=True) and inputs (get_input) themselves.
   const bool fixture = s.model.is_fsdp1_fixture();
   for (const char* key : {"init_seed", "data_seed", "batch"}) {
     if (fixture && r.find(key))
-      r.fail(
+      r.fail_at(
           key,
           fmt::format("not with model '{}': the fixture seeds its own weights and draws its own inputs", s.model.type),
           *r.find(key));
@@ -310,27 +233,19 @@ Scenario load_scenario(const std::filesystem::path& file) {
   s.world_size = static_cast<int>(r.integer("world_size", 1, kMaxWorld));
   {
     Reader mesh = r.object("mesh");
-    const json& shape = mesh.need("shape");
-    const json& names = mesh.need("dim_names");
-    if (!shape.is_array() || shape.empty() || shape.size() > 2)
-      mesh.fail("mesh.shape", "must be an array of 1 or 2 sizes", shape);
-    for (const auto& d : shape) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 1) mesh.fail("mesh.shape", "sizes must be integers >= 1", shape);
-      s.mesh_shape.push_back(d.get<int64_t>());
-    }
-    if (!names.is_array() || names.size() != shape.size())
-      mesh.fail("mesh.dim_names", "must be an array with one name per mesh dim", names);
-    for (const auto& n : names) {
-      if (!n.is_string()) mesh.fail("mesh.dim_names", "names must be strings", names);
-      s.mesh_dim_names.push_back(n.get<std::string>());
-    }
+    s.mesh_shape = mesh.integers("shape", 1, kMaxWorld);
+    if (s.mesh_shape.empty() || s.mesh_shape.size() > 2)
+      mesh.fail_at("mesh.shape", "must be a list of 1 or 2 sizes", mesh.need("shape"));
+    s.mesh_dim_names = mesh.strings("dim_names");
+    if (s.mesh_dim_names.size() != s.mesh_shape.size())
+      mesh.fail_at("mesh.dim_names", "must have one name per mesh dim", mesh.need("dim_names"));
     mesh.no_unknown_keys();
   }
   s.recipe = read_recipe(r.object("recipe"));
   if (!fixture) s.batch = r.integer("batch", 1, 1 << 16);
   {
     Reader o = r.object("optimizer");
-    s.optimizer.type = o.str("type", kOptimizers);
+    s.optimizer.type = o.string("type", kOptimizers);
     s.optimizer.lr = o.number("lr", 0);
     if (s.optimizer.type == "sgd") s.optimizer.momentum = o.number_or("momentum", 0, 0);
     o.no_unknown_keys();
@@ -340,16 +255,16 @@ Scenario load_scenario(const std::filesystem::path& file) {
     Reader t = r.object("tolerance");
     s.tolerance.rtol = t.number("rtol", 0);
     s.tolerance.atol = t.number("atol", 0);
-    s.tolerance.why = t.str("why");
+    s.tolerance.why = t.string("why");
     t.no_unknown_keys();
   }
   if (r.find("requires")) {
     Reader q = r.object("requires");
-    const std::string v = q.str("pytorch");
+    const std::string v = q.string("pytorch");
     Requirement req;
     req.min_pytorch = parse_release(v);
-    if (req.min_pytorch.empty()) q.fail("requires.pytorch", "must be a release MAJOR.MINOR[.PATCH]", json(v));
-    req.why = q.str("why");
+    if (req.min_pytorch.empty()) q.fail_at("requires.pytorch", "must be a release MAJOR.MINOR[.PATCH]", json(v));
+    req.why = q.string("why");
     q.no_unknown_keys();
     s.requires_release = std::move(req);
   }

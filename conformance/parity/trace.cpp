@@ -8,9 +8,12 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <stdexcept>
 
 #include <fmt/format.h>
+
+#include <tdc/json/reader.h>
 
 namespace tdc::parity {
 
@@ -18,17 +21,7 @@ namespace {
 
 using json = nlohmann::json;
 
-double number_at(const json& j, const std::string& key, const std::string& where) {
-  if (!j.is_object() || !j.contains(key) || !j[key].is_number())
-    throw std::runtime_error(fmt::format("trace '{}': field '{}' is missing or not a number", where, key));
-  return j[key].get<double>();
-}
-
-std::string string_at(const json& j, const std::string& key, const std::string& where) {
-  if (!j.contains(key) || !j[key].is_string())
-    throw std::runtime_error(fmt::format("trace '{}': field '{}' is missing or not a string", where, key));
-  return j[key].get<std::string>();
-}
+using Reader = tdc::json::Reader<std::runtime_error>;  // [Note: one JSON reader]
 
 // One quantity against its reference: passes, and its relative difference.
 struct Check {
@@ -58,26 +51,24 @@ nlohmann::ordered_json to_json(const Trace& t) {
 }
 
 Trace trace_from_json(const json& j, const std::string& where) {
-  if (!j.is_object()) throw std::runtime_error(fmt::format("trace '{}': not a JSON object", where));
-  if (string_at(j, "schema", where) != kTraceSchema)
-    throw std::runtime_error(
-        fmt::format("trace '{}': schema is '{}', expected '{}'", where, j["schema"].get<std::string>(), kTraceSchema));
+  Reader r(j, fmt::format("trace '{}'", where));
+  const std::string schema = r.string("schema");
+  if (schema != kTraceSchema) r.fail_at("schema", fmt::format("must be '{}'", kTraceSchema), j["schema"]);
   Trace t;
-  t.scenario = string_at(j, "scenario", where);
-  t.side = string_at(j, "side", where);
-  t.version = string_at(j, "version", where);
-  t.world_size = static_cast<int>(number_at(j, "world_size", where));
-  if (!j.contains("steps") || !j["steps"].is_array())
-    throw std::runtime_error(fmt::format("trace '{}': field 'steps' is missing or not an array", where));
-  for (const auto& s : j["steps"]) {
-    t.steps.push_back(
-        {static_cast<int>(number_at(s, "step", where)), number_at(s, "loss", where), number_at(s, "grad_norm", where)});
+  t.scenario = r.string("scenario");
+  t.side = r.string("side");
+  t.version = r.string("version");
+  t.world_size = static_cast<int>(r.integer("world_size", 1, std::numeric_limits<int>::max()));
+  const json& steps = r.array("steps");
+  for (size_t i = 0; i < steps.size(); ++i) {
+    Reader s = r.object_at("steps", steps, i);
+    t.steps.push_back({static_cast<int>(s.integer("step", 0, std::numeric_limits<int>::max())), s.number("loss"),
+                       s.number("grad_norm")});
   }
-  if (!j.contains("params") || !j["params"].is_object())
-    throw std::runtime_error(fmt::format("trace '{}': field 'params' is missing or not an object", where));
-  for (const auto& [fqn, c] : j["params"].items()) {
-    const std::string w = where + "' params '" + fqn;
-    t.params[fqn] = {number_at(c, "sum", w), number_at(c, "abs_sum", w), number_at(c, "norm", w)};
+  Reader params = r.object("params");
+  for (const auto& [fqn, c] : r.need("params").items()) {
+    Reader p = params.object(fqn);
+    t.params[fqn] = {p.number("sum"), p.number("abs_sum"), p.number("norm")};
   }
   return t;
 }

@@ -62,6 +62,8 @@ inline bool is_not_supported_message(const std::string& message) {
 // In a rank process: SIGUSR2 makes every thread write its stack to `path`, and fatal signals print
 // a backtrace to stderr before the process dies with the same signal.
 void install_rank_signal_handlers(const std::string& stacks_path, int rank_hint);
+// The test binary's own process: a fatal signal prints its backtrace ([Note: a supervisor that crashes says where]).
+void install_process_signal_handlers();
 // The rank a fatal-signal backtrace names for the calling thread (thread launcher).
 void set_signal_rank(int rank);
 // In the parent: ask `pid` for its stacks (signal or gdb per internal::settings().stacks), at most

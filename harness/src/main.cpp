@@ -348,7 +348,8 @@ int main(int argc, char** argv) {
   }
   testing::InitGoogleTest(&argc, argv);
   if (detail::child_spec().active) return RUN_ALL_TESTS();  // the rank _exit()s inside its test
-  auto* listener = new ResultsListener;                     // owned by GoogleTest
+  detail::install_process_signal_handlers();
+  auto* listener = new ResultsListener;  // owned by GoogleTest
   testing::UnitTest::GetInstance()->listeners().Append(listener);
   int rc = RUN_ALL_TESTS();
   // Expectations can turn failures into XFAIL: the results decide the exit code.

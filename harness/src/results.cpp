@@ -11,12 +11,16 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <stdexcept>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include <tdc/json/reader.h>
 
 namespace tdc::harness {
 
@@ -151,63 +155,7 @@ nlohmann::json to_json(const RunResults& r) {
 
 namespace {
 
-// Typed field access with errors that name the field's path ("tests[3].status").
-class Reader {
- public:
-  Reader(const json& j, std::string path) : j_(j), path_(std::move(path)) {
-    if (!j_.is_object())
-      throw std::runtime_error(fmt::format("{}: expected an object, got {}", where(), j_.type_name()));
-  }
-
-  std::string str(const char* key, bool required = true) const {
-    const json* v = find(key, required);
-    if (!v) return {};
-    if (!v->is_string()) type_error(key, "a string", *v);
-    return v->get<std::string>();
-  }
-  double num(const char* key, bool required = true) const {
-    const json* v = find(key, required);
-    if (!v) return 0;
-    if (!v->is_number()) type_error(key, "a number", *v);
-    return v->get<double>();
-  }
-  int integer(const char* key, bool required = true) const {
-    const json* v = find(key, required);
-    if (!v) return 0;
-    if (!v->is_number_integer()) type_error(key, "an integer", *v);
-    return v->get<int>();
-  }
-  std::optional<int> opt_integer(const char* key) const {
-    const json* v = find(key, false);
-    if (!v || v->is_null()) return std::nullopt;
-    if (!v->is_number_integer()) type_error(key, "an integer", *v);
-    return v->get<int>();
-  }
-  const json& array(const char* key) const {
-    const json* v = find(key, true);
-    if (!v->is_array()) type_error(key, "an array", *v);
-    return *v;
-  }
-  Reader object(const char* key) const { return Reader(*find(key, true), field(key)); }
-  std::string field(const std::string& key) const { return path_.empty() ? key : fmt::format("{}.{}", path_, key); }
-  std::string where() const { return path_.empty() ? "top level" : path_; }
-
- private:
-  const json* find(const char* key, bool required) const {
-    auto it = j_.find(key);
-    if (it == j_.end()) {
-      if (required) throw std::runtime_error(fmt::format("{}: missing field", field(key)));
-      return nullptr;
-    }
-    return &*it;
-  }
-  [[noreturn]] void type_error(const char* key, const char* expected, const json& v) const {
-    throw std::runtime_error(fmt::format("{}: expected {}, got {} {}", field(key), expected, v.type_name(), v.dump()));
-  }
-
-  const json& j_;
-  std::string path_;
-};
+using Reader = tdc::json::Reader<std::runtime_error>;
 
 // JSON text must be valid UTF-8; test output is not always (a rank can print anything).
 std::string dump(const json& j) { return j.dump(2, ' ', false, json::error_handler_t::replace); }
@@ -220,21 +168,14 @@ void merge_reports(Reports& into, const Reports& from) {
 }
 
 namespace {
-// "reports": {NAME: {KEY: [VALUE, ...]}} ([Note: rank reports]); `where` names the field.
-Reports reports_from_json(const json& j, const std::string& where) {
+// "reports": {NAME: {KEY: [VALUE, ...]}} ([Note: rank reports]), the object field `key` of `r`.
+Reports reports_from_json(Reader& r, const std::string& key) {
   Reports out;
-  if (!j.is_object()) throw std::runtime_error(fmt::format("{}: expected an object", where));
-  for (const auto& [name, report] : j.items()) {
-    if (!report.is_object()) throw std::runtime_error(fmt::format("{}.{}: expected an object", where, name));
-    for (const auto& [key, values] : report.items()) {
-      if (!values.is_array())
-        throw std::runtime_error(fmt::format("{}.{}.{}: expected an array of strings", where, name, key));
-      for (const auto& v : values) {
-        if (!v.is_string())
-          throw std::runtime_error(
-              fmt::format("{}.{}.{}: expected an array of strings, found {}", where, name, key, v.dump()));
-        out[name][key].insert(v.get<std::string>());
-      }
+  Reader all = r.object(key);
+  for (const auto& [name, report] : r.need(key).items()) {
+    Reader one = all.object(name);
+    for (const auto& [k, values] : report.items()) {
+      for (std::string& v : one.strings(k)) out[name][k].insert(std::move(v));
     }
   }
   return out;
@@ -243,97 +184,101 @@ Reports reports_from_json(const json& j, const std::string& where) {
 
 namespace {
 
-RunInfo run_info_from_json(const Reader& ri) {
+RunInfo run_info_from_json(Reader ri) {
   RunInfo i;
-  i.implementation = ri.str("implementation");
-  i.implementation_version = ri.str("implementation_version", false);
-  i.implementation_library = ri.str("implementation_library", false);
-  i.backend = ri.str("backend");
-  i.device = ri.str("device");
-  i.world_size = ri.integer("world_size");
-  i.launcher = ri.str("launcher");
-  i.suite_revision = ri.str("suite_revision", false);
-  i.tdc_version = ri.str("tdc_version", false);
-  i.libtorch_version = ri.str("libtorch_version", false);
-  i.libtorch_cuda = ri.str("libtorch_cuda", false);
-  i.nccl_version = ri.str("nccl_version", false);
-  i.compiler = ri.str("compiler", false);
-  i.host = ri.str("host", false);
-  i.started_at = ri.str("started_at", false);
-  i.duration_s = ri.num("duration_s", false);
+  i.implementation = ri.string("implementation");
+  i.implementation_version = ri.string_or("implementation_version", "");
+  i.implementation_library = ri.string_or("implementation_library", "");
+  i.backend = ri.string("backend");
+  i.device = ri.string("device");
+  i.world_size = static_cast<int>(ri.integer("world_size", 0, std::numeric_limits<int>::max()));
+  i.launcher = ri.string("launcher");
+  i.suite_revision = ri.string_or("suite_revision", "");
+  i.tdc_version = ri.string_or("tdc_version", "");
+  i.libtorch_version = ri.string_or("libtorch_version", "");
+  i.libtorch_cuda = ri.string_or("libtorch_cuda", "");
+  i.nccl_version = ri.string_or("nccl_version", "");
+  i.compiler = ri.string_or("compiler", "");
+  i.host = ri.string_or("host", "");
+  i.started_at = ri.string_or("started_at", "");
+  i.duration_s = ri.number_or("duration_s", 0);
   return i;
 }
 
-RankDetail rank_detail_from_json(const Reader& rd) {
-  RankDetail d;
-  d.rank = rd.integer("rank");
+// A status name of `kind` (status_from_string, rank_status_from_string) at the field `key` of `r`.
+template <class Parse>
+auto status_field(Reader& r, const std::string& key, Parse parse) {
+  const json& v = r.need(key);
+  const std::string name = r.string(key);
   try {
-    d.status = rank_status_from_string(rd.str("status"));
+    return parse(name);
   } catch (const std::invalid_argument& e) {
-    throw std::runtime_error(fmt::format("{}: {}", rd.field("status"), e.what()));
+    r.fail_at(r.field(key), e.what(), v);
   }
-  d.message = rd.str("message", false);
-  d.duration_s = rd.num("duration_s", false);
-  d.exit_code = rd.opt_integer("exit_code");
-  d.signal = rd.opt_integer("signal");
+}
+
+RankDetail rank_detail_from_json(Reader rd) {
+  RankDetail d;
+  d.rank = static_cast<int>(rd.integer("rank", 0, std::numeric_limits<int>::max()));
+  d.status = status_field(rd, "status", rank_status_from_string);
+  d.message = rd.string_or("message", "");
+  d.duration_s = rd.number_or("duration_s", 0);
+  auto small = [&](const char* key) -> std::optional<int> {
+    if (auto v = rd.opt_integer(key, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()))
+      return static_cast<int>(*v);
+    return std::nullopt;
+  };
+  d.exit_code = small("exit_code");
+  d.signal = small("signal");
   return d;
 }
 
-TestResult test_from_json(const json& tj, const Reader& rt) {
+TestResult test_from_json(Reader rt) {
   TestResult t;
-  t.id = rt.str("id");
-  t.suite = rt.str("suite");
-  t.name = rt.str("name");
-  std::string status = rt.str("status");
-  try {
-    t.status = status_from_string(status);
-  } catch (const std::invalid_argument& e) {
-    throw std::runtime_error(fmt::format("{} (test '{}'): {}", rt.field("status"), t.id, e.what()));
-  }
-  t.duration_s = rt.num("duration_s");
-  t.message = rt.str("message", false);
-  t.world_size = rt.integer("world_size", false);
-  t.launcher = rt.str("launcher", false);
-  t.expectation = rt.str("expectation", false);
-  t.file = rt.str("file", false);
-  t.line = rt.integer("line", false);
-  if (tj.contains("repeat_statuses")) {
+  t.id = rt.string("id");
+  t.suite = rt.string("suite");
+  t.name = rt.string("name");
+  t.status = status_field(rt, "status", status_from_string);
+  t.duration_s = rt.number("duration_s");
+  t.message = rt.string_or("message", "");
+  t.world_size = static_cast<int>(rt.integer_or("world_size", 0, 0, std::numeric_limits<int>::max()));
+  t.launcher = rt.string_or("launcher", "");
+  t.expectation = rt.string_or("expectation", "");
+  t.file = rt.string_or("file", "");
+  t.line = static_cast<int>(rt.integer_or("line", 0, 0, std::numeric_limits<int>::max()));
+  if (rt.has("repeat_statuses")) {
     Reader rs = rt.object("repeat_statuses");
-    for (const auto& [name, count] : tj["repeat_statuses"].items()) {
+    for (const auto& [name, count] : rt.need("repeat_statuses").items()) {
       try {
         status_from_string(name);
       } catch (const std::invalid_argument& e) {
-        throw std::runtime_error(fmt::format("{}: {}", rs.field(name), e.what()));
+        rs.fail_at(rs.field(name), e.what(), count);
       }
-      t.repeat_statuses[name] = rs.integer(name.c_str());
+      t.repeat_statuses[name] = static_cast<int>(rs.integer(name, 0, std::numeric_limits<int>::max()));
     }
   }
-  if (tj.contains("ranks")) {
-    const json& ranks = rt.array("ranks");
-    for (size_t n = 0; n < ranks.size(); ++n)
-      t.ranks.push_back(rank_detail_from_json(Reader(ranks[n], fmt::format("{}[{}]", rt.field("ranks"), n))));
-  }
-  if (tj.contains("reports")) t.reports = reports_from_json(tj["reports"], rt.field("reports"));
+  const json& ranks = rt.array_or_empty("ranks");
+  for (size_t n = 0; n < ranks.size(); ++n) t.ranks.push_back(rank_detail_from_json(rt.object_at("ranks", ranks, n)));
+  if (rt.has("reports")) t.reports = reports_from_json(rt, "reports");
   return t;
 }
 
 }  // namespace
 
-RunResults results_from_json(const nlohmann::json& j) {
-  Reader top(j, "");
+RunResults results_from_json(const nlohmann::json& j, const std::string& document) {
+  Reader top(j, document);
   RunResults r;
-  r.schema_version = top.integer("schema_version");
+  r.schema_version = static_cast<int>(top.integer("schema_version"));
   if (r.schema_version != kSchemaVersion)
-    throw std::runtime_error(
-        fmt::format("schema_version: {} is not supported (this tdc reads schema_version {}; see "
-                    "docs/results-schema.md)",
-                    r.schema_version, kSchemaVersion));
+    top.fail_at(
+        "schema_version",
+        fmt::format("is not supported (this tdc reads schema_version {}; see docs/results-schema.md)", kSchemaVersion),
+        j["schema_version"]);
   r.run_info = run_info_from_json(top.object("run_info"));
   const json& tests = top.array("tests");
   r.tests.reserve(tests.size());
-  for (size_t k = 0; k < tests.size(); ++k)
-    r.tests.push_back(test_from_json(tests[k], Reader(tests[k], fmt::format("tests[{}]", k))));
-  if (j.contains("reports")) r.reports = reports_from_json(j["reports"], "reports");
+  for (size_t k = 0; k < tests.size(); ++k) r.tests.push_back(test_from_json(top.object_at("tests", tests, k)));
+  if (top.has("reports")) r.reports = reports_from_json(top, "reports");
   for (const TestResult& t : r.tests) merge_reports(r.reports, t.reports);
   return r;
 }
@@ -348,11 +293,7 @@ RunResults read_results(const fs::path& p) {
   } catch (const json::parse_error& e) {
     throw std::runtime_error(fmt::format("results file '{}': not valid JSON: {}", p.string(), e.what()));
   }
-  try {
-    return results_from_json(j);
-  } catch (const std::exception& e) {
-    throw std::runtime_error(fmt::format("results file '{}': {}", p.string(), e.what()));
-  }
+  return results_from_json(j, fmt::format("results file '{}'", p.string()));
 }
 
 // ------------------------------------------------------------------ atomic file write
@@ -630,26 +571,17 @@ Expectations read_expectations(const fs::path& p) {
   } catch (const json::parse_error& e) {
     throw std::runtime_error(fmt::format("expectations file '{}': not valid JSON: {}", p.string(), e.what()));
   }
-  try {
-    Reader top(j, "");
-    top.object("tests");  // validates that "tests" is an object
-    Expectations e;
-    for (const auto& [id, value] : j.at("tests").items()) {
-      Reader rt(value, fmt::format("tests[\"{}\"]", id));
-      std::string status = rt.str("status");
-      Expectation x;
-      try {
-        x.status = status_from_string(status);
-      } catch (const std::invalid_argument& err) {
-        throw std::runtime_error(fmt::format("{}: {}", rt.field("status"), err.what()));
-      }
-      x.reason = rt.str("reason", false);
-      e.emplace(id, std::move(x));
-    }
-    return e;
-  } catch (const std::exception& err) {
-    throw std::runtime_error(fmt::format("expectations file '{}': {}", p.string(), err.what()));
+  Reader top(j, fmt::format("expectations file '{}'", p.string()));
+  Reader tests = top.object("tests");
+  Expectations e;
+  for (const auto& [id, value] : top.need("tests").items()) {
+    Reader rt = tests.object(id);
+    Expectation x;
+    x.status = status_field(rt, "status", status_from_string);
+    x.reason = rt.string_or("reason", "");
+    e.emplace(id, std::move(x));
   }
+  return e;
 }
 
 void apply_expectations(TestResult& t, const Expectations& e) {

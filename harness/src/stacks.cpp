@@ -150,10 +150,17 @@ void on_dump_signal(int, siginfo_t* info, void*) {
   errno = saved;
 }
 
+constexpr int kSupervisorHint = -2;  // g_rank_hint of the test binary's own process
+
 void on_fatal_signal(int sig) {
-  write_str(2, "\ntdc: rank ");
-  write_int(2, t_signal_rank >= 0 ? t_signal_rank : g_rank_hint);
-  write_str(2, " received fatal signal ");
+  const int rank = t_signal_rank >= 0 ? t_signal_rank : g_rank_hint;
+  if (rank == kSupervisorHint) {
+    write_str(2, "\ntdc: the test binary's own process (the ranks' supervisor, not a rank) received fatal signal ");
+  } else {
+    write_str(2, "\ntdc: rank ");
+    write_int(2, rank);
+    write_str(2, " received fatal signal ");
+  }
   write_int(2, sig);
   write_str(2, " (");
   write_str(2, sigabbrev_np(sig) ? sigabbrev_np(sig) : "?");
@@ -173,6 +180,17 @@ std::string signal_name(int sig) {
   const char* abbrev = sigabbrev_np(sig);
   const char* desc = sigdescr_np(sig);
   return fmt::format("SIG{} ({})", abbrev ? abbrev : std::to_string(sig), desc ? desc : "?");
+}
+
+// [Note: a supervisor that crashes says where] A test binary's own process runs no test body,
+// but LibTorch code runs in it (the TCPStore server, the GPU count), and a crash there ends every
+// rank's test at once with no rank to blame: it prints its backtrace to stderr (the binary's log)
+// before it dies, as a rank does. Ranks replace these handlers with their own.
+void install_process_signal_handlers() {
+  g_rank_hint = kSupervisorHint;
+  void* f[2];
+  backtrace(f, 2);  // loads libgcc now, outside any signal handler
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL}) signal(sig, on_fatal_signal);
 }
 
 void install_rank_signal_handlers(const std::string& stacks_path, int rank_hint) {

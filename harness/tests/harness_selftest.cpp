@@ -592,6 +592,17 @@ TEST(HarnessMustFail, SeveralTestsInOneRun) {
   expect_clean(r);
 }
 
+// [Note: a supervisor that crashes says where]: the binary's own process prints its backtrace.
+TEST(HarnessMustFail, CrashOfTheBinaryItselfPrintsItsBacktrace) {
+  ChildRun r = run_child("MustFailBinary.CrashTheBinary");
+  EXPECT_EQ(r.exit_code, 128 + SIGSEGV) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "tdc: the test binary's own process (the ranks' supervisor, not a rank) received "
+                       "fatal signal 11 (SEGV); backtrace:"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "tdc_harness_mustfail(")) << "a frame of the binary:\n" << r.output;
+}
+
 TEST(HarnessMustFail, InterruptKillsRanksAndRemovesTempDir) {
   // Relative to the test's 120 s deadline: SIGTERM ends the run long before it would.
   ChildOptions o;

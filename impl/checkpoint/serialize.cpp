@@ -29,6 +29,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
+#include <tdc/json/reader.h>
 
 #include "checksum.h"
 #include "common.h"
@@ -95,72 +96,29 @@ template <class... A>
   throw CheckpointError(fmt::format("from_bytes: {}", fmt::format(f, std::forward<A>(args)...)));
 }
 
-// A JSON value in a message: compact, bounded, never throwing.
-std::string shown(const json& v) {
-  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
-  return s.size() > 80 ? s.substr(0, 80) + "..." : s;
-}
-
 json parse_header(std::string_view text) {
   return detail::parse_strict_json(text, kMaxDepth, "from_bytes", "the header");
 }
 
-// Field access that names the owner ("entry 2 ('w')", "the header") in its errors.
-struct Reader {
-  std::string owner;
+// [Note: one JSON reader]: a field of the wrong type reads "from_bytes: the header: field
+// 'entries[2].spec.mesh.shape': must be ... (value: ...)"; what the checks below find wrong with
+// values of the right type names the entry by its key ("entry 2 ('w') has ...").
+using Reader = tdc::json::Reader<CheckpointError>;
 
-  const json& field(const json& obj, const char* name) const {
-    if (!obj.is_object()) fail("{} is {}, not a JSON object", owner, shown(obj));
-    auto it = obj.find(name);
-    if (it == obj.end()) fail("{} has no \"{}\"", owner, name);
-    return *it;
-  }
-  std::string string(const json& obj, const char* name) const {
-    const json& v = field(obj, name);
-    if (!v.is_string()) fail("{} has \"{}\" {}, not a string", owner, name, shown(v));
-    return v.get<std::string>();
-  }
-  // An integer in [lo, hi].
-  int64_t integer(const json& v, const std::string& what, int64_t lo = 0,
-                  int64_t hi = std::numeric_limits<int64_t>::max()) const {
-    int64_t x = 0;
-    if (v.is_number_unsigned() && v.get<uint64_t>() <= static_cast<uint64_t>(hi)) {
-      x = static_cast<int64_t>(v.get<uint64_t>());
-    } else if (v.is_number_integer() && !v.is_number_unsigned()) {
-      x = v.get<int64_t>();
-    } else {
-      fail("{} has {} {}, not an integer in [{}, {}]", owner, what, shown(v), lo, hi);
+// Dims of a tensor: each >= 0, and both the element count and the largest contiguous stride
+// (the product of max(dim, 1)) fit int64, so at::empty can neither overflow nor be asked for
+// more than the caller checks.
+std::vector<int64_t> read_shape(Reader& r, const char* key, const std::string& owner) {
+  // 2^62: chunk arithmetic (size + n - 1) stays in range for any mesh.
+  auto s = r.integers(key, 0, int64_t{1} << 62);
+  int64_t numel = 1, span = 1;
+  for (int64_t d : s) {
+    if (__builtin_mul_overflow(numel, d, &numel) || __builtin_mul_overflow(span, std::max<int64_t>(d, 1), &span)) {
+      fail("{} has \"{}\" {}, whose size overflows int64", owner, key, detail::shape_str(s));
     }
-    if (x < lo || x > hi) fail("{} has {} {}, not an integer in [{}, {}]", owner, what, x, lo, hi);
-    return x;
   }
-  int64_t integer(const json& obj, const char* name, int64_t lo = 0,
-                  int64_t hi = std::numeric_limits<int64_t>::max()) const {
-    return integer(field(obj, name), fmt::format("\"{}\"", name), lo, hi);
-  }
-  std::vector<int64_t> integers(const json& obj, const char* name, int64_t lo = 0,
-                                int64_t hi = std::numeric_limits<int64_t>::max()) const {
-    const json& v = field(obj, name);
-    if (!v.is_array()) fail("{} has \"{}\" {}, not a list of integers", owner, name, shown(v));
-    std::vector<int64_t> out;
-    for (const json& x : v) out.push_back(integer(x, fmt::format("an entry of \"{}\"", name), lo, hi));
-    return out;
-  }
-  // Dims of a tensor: each >= 0, and both the element count and the largest contiguous stride
-  // (the product of max(dim, 1)) fit int64, so at::empty can neither overflow nor be asked for
-  // more than the caller checks.
-  std::vector<int64_t> shape(const json& obj, const char* name) const {
-    // 2^62: chunk arithmetic (size + n - 1) stays in range for any mesh.
-    auto s = integers(obj, name, 0, int64_t{1} << 62);
-    int64_t numel = 1, span = 1;
-    for (int64_t d : s) {
-      if (__builtin_mul_overflow(numel, d, &numel) || __builtin_mul_overflow(span, std::max<int64_t>(d, 1), &span)) {
-        fail("{} has \"{}\" {}, whose size overflows int64", owner, name, detail::shape_str(s));
-      }
-    }
-    return s;
-  }
-};
+  return s;
+}
 
 // The recorded mesh as DeviceMesh::to_string shows one.
 struct RecordedMesh {
@@ -206,79 +164,75 @@ struct RecordedMesh {
   }
 };
 
-RecordedMesh read_mesh(const Reader& r, const json& spec) {
-  const json& m = r.field(spec, "mesh");
-  const Reader mr{r.owner + "'s mesh"};
+RecordedMesh read_mesh(Reader& spec, const std::string& spec_owner) {
+  Reader m = spec.object("mesh");
+  const std::string owner = spec_owner + "'s mesh";
   RecordedMesh out;
-  out.device_type = mr.string(m, "device_type");
-  out.shape = mr.integers(m, "shape", 1);
-  if (out.shape.empty()) fail("{} has an empty shape", mr.owner);
-  out.ranks = mr.integers(m, "ranks");
+  out.device_type = m.string("device_type", {}, /*may_be_empty=*/true);
+  out.shape = m.integers("shape", 1);
+  if (out.shape.empty()) fail("{} has an empty shape", owner);
+  out.ranks = m.integers("ranks", 0);
   // The ranks were read one JSON number each, so their count bounds the product.
   size_t product = 1;
   for (int64_t s : out.shape) {
     if (static_cast<uint64_t>(s) > out.ranks.size() || (product *= static_cast<size_t>(s)) > out.ranks.size()) break;
   }
   if (product != out.ranks.size()) {
-    fail("{} has shape {} but {} ranks", mr.owner, detail::shape_str(out.shape), out.ranks.size());
+    fail("{} has shape {} but {} ranks", owner, detail::shape_str(out.shape), out.ranks.size());
   }
-  const json& names = mr.field(m, "dim_names");
-  if (!names.is_array()) fail("{} has \"dim_names\" {}, not a list of strings", mr.owner, shown(names));
-  for (const json& n : names) {
-    if (!n.is_string()) fail("{} has a dim name {}, not a string", mr.owner, shown(n));
-    out.dim_names.push_back(n.get<std::string>());
-  }
+  out.dim_names = m.strings("dim_names");
   if (!out.dim_names.empty() && out.dim_names.size() != out.shape.size()) {
-    fail("{} has {} dim names for {} dims", mr.owner, out.dim_names.size(), out.shape.size());
+    fail("{} has {} dim names for {} dims", owner, out.dim_names.size(), out.shape.size());
   }
   return out;
 }
 
-tensor::Placement read_placement(const Reader& r, const json& p, int64_t mesh_dim, int64_t tensor_dims,
+tensor::Placement read_placement(Reader p, const std::string& spec_owner, int64_t mesh_dim, int64_t tensor_dims,
                                  int64_t mesh_ranks) {
-  const Reader pr{fmt::format("{}'s placement on mesh dim {}", r.owner, mesh_dim)};
-  const std::string type = pr.string(p, "type");
+  const std::string owner = fmt::format("{}'s placement on mesh dim {}", spec_owner, mesh_dim);
+  const std::string type = p.string("type");
   if (type == "Replicate") return tensor::Replicate{};
   if (type == "Shard" || type == "StridedShard") {
-    if (tensor_dims == 0) fail("{} is {} but the tensor is 0-dim", pr.owner, type);
-    const int64_t dim = pr.integer(p, "dim", 0, tensor_dims - 1);
+    if (tensor_dims == 0) fail("{} is {} but the tensor is 0-dim", owner, type);
+    const int64_t dim = p.integer("dim", 0, tensor_dims - 1);
     if (type == "Shard") return tensor::Shard{dim};
     // split_factor counts the shards of inner mesh dims: at most the mesh's ranks (this also
     // bounds the work of computing the local shape).
-    return tensor::StridedShard{dim, pr.integer(p, "split_factor", 1, mesh_ranks)};
+    return tensor::StridedShard{dim, p.integer("split_factor", 1, mesh_ranks)};
   }
   if (type == "Partial") {
-    const std::string op = pr.string(p, "reduce_op");
+    const std::string op = p.string("reduce_op");
     for (comm::ReduceOp o : kReduceOps) {
       if (op == comm::to_string(o)) return tensor::Partial{o};
     }
-    fail("{} has reduce_op '{}' (known: SUM, AVG, MAX, MIN)", pr.owner, op);
+    fail("{} has reduce_op '{}' (known: SUM, AVG, MAX, MIN)", owner, op);
   }
-  fail("{} has type '{}' (known: Shard, StridedShard, Replicate, Partial)", pr.owner, type);
+  fail("{} has type '{}' (known: Shard, StridedShard, Replicate, Partial)", owner, type);
 }
 
-tensor::DTensorSpec read_spec(const Reader& r, const json& entry, const std::vector<int64_t>& local_shape,
+tensor::DTensorSpec read_spec(Reader& entry, const std::string& owner, const std::vector<int64_t>& local_shape,
                               at::ScalarType dtype, const std::vector<DeviceMesh>& meshes) {
-  const json& spec = r.field(entry, "spec");
-  const Reader sr{r.owner + "'s spec"};
-  const RecordedMesh recorded = read_mesh(sr, spec);
+  Reader spec = entry.object("spec");
+  const std::string spec_owner = owner + "'s spec";
+  const RecordedMesh recorded = read_mesh(spec, spec_owner);
   tensor::DTensorSpec out;
   out.dtype = dtype;
-  out.shape = sr.shape(spec, "shape");
-  out.stride = sr.integers(spec, "stride");
+  out.shape = read_shape(spec, "shape", spec_owner);
+  out.stride = spec.integers("stride", 0);
   const auto ndim = static_cast<int64_t>(local_shape.size());
   if (static_cast<int64_t>(out.shape.size()) != ndim || static_cast<int64_t>(out.stride.size()) != ndim) {
-    fail("{} has global shape {} and stride {} for a local shape {}: not one entry per dim", sr.owner,
+    fail("{} has global shape {} and stride {} for a local shape {}: not one entry per dim", spec_owner,
          detail::shape_str(out.shape), detail::shape_str(out.stride), detail::shape_str(local_shape));
   }
-  const json& placements = sr.field(spec, "placements");
-  if (!placements.is_array() || placements.size() != recorded.shape.size()) {
-    fail("{} has placements {}, not a list of one placement per mesh dim ({})", sr.owner, shown(placements),
-         recorded.shape.size());
+  const json& placements = spec.array("placements");
+  if (placements.size() != recorded.shape.size()) {
+    fail("{} has placements {}, not a list of one placement per mesh dim ({})", spec_owner,
+         tdc::json::shown(placements), recorded.shape.size());
   }
   for (size_t i = 0; i < placements.size(); ++i) {
-    out.placements.push_back(
-        read_placement(sr, placements[i], static_cast<int64_t>(i), ndim, static_cast<int64_t>(recorded.ranks.size())));
+    out.placements.push_back(read_placement(spec.object_at("placements", placements, i), spec_owner,
+                                            static_cast<int64_t>(i), ndim,
+                                            static_cast<int64_t>(recorded.ranks.size())));
   }
   for (const DeviceMesh& m : meshes) {
     if (recorded.matches(m)) {
@@ -292,7 +246,7 @@ tensor::DTensorSpec read_spec(const Reader& r, const json& entry, const std::vec
     fail(
         "{} was saved on {}, which matches none of the meshes given ({}): pass a mesh with that device type, rank "
         "layout and dim names",
-        r.owner, recorded.to_string(),
+        owner, recorded.to_string(),
         candidates.empty() ? std::string("none") : fmt::format("{}", fmt::join(candidates, "; ")));
   }
   // The local tensor must be the calling rank's shard of that spec (a rank outside the mesh has no
@@ -303,10 +257,10 @@ tensor::DTensorSpec read_spec(const Reader& r, const json& entry, const std::vec
     try {
       expected = out.local_shape();
     } catch (const std::exception& e) {
-      fail("{}: {}", sr.owner, e.what());
+      fail("{}: {}", spec_owner, e.what());
     }
     if (expected != local_shape) {
-      fail("{} has local shape {}, but rank {}'s shard of global shape {} with placements {} on {} is {}", r.owner,
+      fail("{} has local shape {}, but rank {}'s shard of global shape {} with placements {} on {} is {}", owner,
            detail::shape_str(local_shape), out.mesh.get_rank(), detail::shape_str(out.shape),
            tensor::to_string(out.placements), recorded.to_string(), detail::shape_str(expected));
     }
@@ -388,70 +342,69 @@ StateDict from_bytes(std::string_view bytes, const std::vector<DeviceMesh>& mesh
   }
   const json header = parse_header(bytes.substr(8, n));
   const std::string_view data = bytes.substr(8 + n);
-  const Reader hr{"the header"};
-  if (const std::string format = hr.string(header, "format"); format != kFormat) {
+  Reader hr(header, "from_bytes: the header");
+  if (const std::string format = hr.string("format", {}, true); format != kFormat) {
     fail("the header's format is '{}', not '{}'", format, kFormat);
   }
-  if (const int64_t version = hr.integer(header, "version"); version != kVersion) {
+  if (const int64_t version = hr.integer("version", 0); version != kVersion) {
     fail("the header's version is {}; this reader knows version {}", version, kVersion);
   }
-  if (const int64_t d = hr.integer(header, "data_bytes"); static_cast<uint64_t>(d) != data.size()) {
+  if (const int64_t d = hr.integer("data_bytes", 0); static_cast<uint64_t>(d) != data.size()) {
     fail("the header says the data section holds {} bytes, but {} follow the header", d, data.size());
   }
-  const json& entries = hr.field(header, "entries");
-  if (!entries.is_array()) fail("the header's entries are {}, not a list", shown(entries));
+  const json& entries = hr.array("entries");
 
   StateDict out;
   std::set<std::string> keys;
   uint64_t offset = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
-    const json& e = entries[i];
-    const std::string key = Reader{fmt::format("entry {}", i)}.string(e, "key");
-    const Reader r{fmt::format("entry {} ('{}')", i, key)};
-    if (!keys.insert(key).second) fail("{}: the key is there twice", r.owner);
-    const std::string kind = r.string(e, "kind");
+    Reader r = hr.object_at("entries", entries, i);
+    const std::string key = r.string("key", {}, /*may_be_empty=*/true);
+    const std::string owner = fmt::format("entry {} ('{}')", i, key);
+    if (!keys.insert(key).second) fail("{}: the key is there twice", owner);
+    const std::string kind = r.string("kind", {"tensor", "dtensor", "json"});
     if (kind == "json") {
-      out.set(key, r.field(e, "value"));
+      if (!entries[i].contains("value")) r.need("value");  // the missing-field error (null is a value here)
+      out.set(key, entries[i].at("value"));
       continue;
     }
-    if (kind != "tensor" && kind != "dtensor") fail("{} has kind '{}' (known: tensor, dtensor, json)", r.owner, kind);
-    const at::ScalarType dtype = detail::dtype_from_name(r.string(e, "dtype"), "from_bytes: " + r.owner);
-    const std::vector<int64_t> shape = r.shape(e, "shape");
+    const at::ScalarType dtype = detail::dtype_from_name(r.string("dtype"), "from_bytes: " + owner);
+    const std::vector<int64_t> shape = read_shape(r, "shape", owner);
     int64_t numel = 1, nbytes = 0;
     for (int64_t s : shape) numel *= s;  // shape() checked the product
     if (__builtin_mul_overflow(numel, detail::itemsize(dtype), &nbytes)) {
-      fail("{} has shape {} of {}: its byte count overflows int64", r.owner, detail::shape_str(shape),
+      fail("{} has shape {} of {}: its byte count overflows int64", owner, detail::shape_str(shape),
            detail::dtype_name(dtype));
     }
-    const int64_t at_offset = r.integer(e, "offset"), recorded_nbytes = r.integer(e, "nbytes");
+    const int64_t at_offset = r.integer("offset", 0), recorded_nbytes = r.integer("nbytes", 0);
     if (recorded_nbytes != nbytes) {
-      fail("{} has nbytes {}, but shape {} of {} takes {}", r.owner, recorded_nbytes, detail::shape_str(shape),
+      fail("{} has nbytes {}, but shape {} of {} takes {}", owner, recorded_nbytes, detail::shape_str(shape),
            detail::dtype_name(dtype), nbytes);
     }
     if (static_cast<uint64_t>(at_offset) != offset) {
-      fail("{} has offset {}, but the entries before it end at {} (tensors follow each other without gaps)", r.owner,
+      fail("{} has offset {}, but the entries before it end at {} (tensors follow each other without gaps)", owner,
            at_offset, offset);
     }
     if (static_cast<uint64_t>(nbytes) > data.size() - offset) {
-      fail("{} has bytes [{}, {}), past the end of the {}-byte data section", r.owner, offset,
+      fail("{} has bytes [{}, {}), past the end of the {}-byte data section", owner, offset,
            offset + static_cast<uint64_t>(nbytes), data.size());
     }
     const std::string_view raw = data.substr(offset, static_cast<size_t>(nbytes));
-    const std::string sum_text = r.string(e, "checksum");
+    const std::string sum_text = r.string("checksum", {}, true);
     const auto sum = detail::parse_hex64(sum_text);
-    if (!sum) fail("{} has checksum '{}', not 16 lowercase hex digits", r.owner, sum_text);
+    if (!sum) fail("{} has checksum '{}', not 16 lowercase hex digits", owner, sum_text);
     if (detail::checksum64(raw.data(), raw.size()) != *sum) {
-      fail("{}: its {} bytes do not match its checksum (corrupt data)", r.owner, raw.size());
+      fail("{}: its {} bytes do not match its checksum (corrupt data)", owner, raw.size());
     }
     offset += static_cast<uint64_t>(nbytes);
     if (kind == "dtensor") {
-      tensor::DTensorSpec spec = read_spec(r, e, shape, dtype, meshes);
+      tensor::DTensorSpec spec = read_spec(r, owner, shape, dtype, meshes);
       at::Tensor local = at::empty(shape, at::TensorOptions().dtype(dtype));
       if (nbytes > 0) std::memcpy(local.data_ptr(), raw.data(), raw.size());
       try {
         out.set(key, tensor::DTensor(std::move(local), std::move(spec)));
       } catch (const std::exception& err) {
-        fail("{}: {}", r.owner, err.what());
+        fail("{}: {}", owner, err.what());
       }
     } else {
       at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));

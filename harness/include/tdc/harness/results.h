@@ -99,7 +99,8 @@ struct RunResults {
 };
 
 nlohmann::json to_json(const RunResults& r);
-RunResults results_from_json(const nlohmann::json& j);  // throws std::runtime_error naming the field
+// Throws std::runtime_error naming `document` and the field ([Note: one JSON reader]).
+RunResults results_from_json(const nlohmann::json& j, const std::string& document = "results.json");
 RunResults read_results(const std::filesystem::path& p);
 // Atomic: written to a temp name, then renamed.
 void write_results_json(const RunResults& r, const std::filesystem::path& p);
