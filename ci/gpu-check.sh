@@ -2,6 +2,7 @@
 # tdc on a GPU machine without network, in one command (docs/gpu.md):
 #
 #   ci/gpu-check.sh OUT [--python PY] [--steps build,unit,seed,nccl,report] [--device cuda|cpu]
+#                       [--step-limit S]
 #
 # From a clone of tdc (ci/gpu-deps/ holds the .deb files of what the build needs that such a
 # machine lacks: GoogleTest, nlohmann-json, gloo's headers, yaml-cpp, jq) and the machine's own
@@ -17,7 +18,8 @@
 # and writes OUT/<step>/ (results.json, junit.xml, logs), OUT/<step>.log, OUT/report/ and
 # OUT/summary.md (the
 # machine, each step's verdict and time). Every step runs even when one before it failed, but
-# the build; exit 0 when every step passed. --device cpu runs the same steps on CPU: the check of
+# the build; exit 0 when every step passed. --step-limit S stops each test step after S seconds
+# (its results so far are kept; the summary says so): a GPU lease is short. --device cpu runs the same steps on CPU: the check of
 # this script itself on a machine without a GPU.
 set -euo pipefail
 
@@ -33,15 +35,18 @@ shift
 py=${TDC_PYTHON:-python3}
 steps=build,unit,seed,nccl,report
 device=cuda
+step_limit=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --python) py=${2:?--python needs a path}; shift 2 ;;
     --steps) steps=${2:?--steps needs a list}; shift 2 ;;
     --device) device=${2:?--device needs cuda or cpu}; shift 2 ;;
+    --step-limit) step_limit=${2:?--step-limit needs seconds}; shift 2 ;;
     *) echo "gpu-check: unknown option '$1'" >&2; usage ;;
   esac
 done
 case "$device" in cuda | cpu) ;; *) echo "gpu-check: --device must be cuda or cpu, not '$device'" >&2; exit 2 ;; esac
+case "$step_limit" in '' | *[!0-9]*) echo "gpu-check: --step-limit must be whole seconds, not '$step_limit'" >&2; exit 2 ;; esac
 for s in ${steps//,/ }; do
   case "$s" in build | unit | seed | nccl | report) ;; *) echo "gpu-check: unknown step '$s' (known: build,unit,seed,nccl,report)" >&2; exit 2 ;; esac
 done
@@ -78,10 +83,20 @@ step() {
   shift
   echo "gpu-check: $name ..." >&2
   t0=$(date +%s)
-  "$@" >"$out/$name.log" 2>&1 || rc=$?
+  if [ "$step_limit" -gt 0 ] && [ "$name" != build ]; then
+    timeout "$step_limit" "$@" >"$out/$name.log" 2>&1 || rc=$?
+  else
+    "$@" >"$out/$name.log" 2>&1 || rc=$?
+  fi
   local secs=$(($(date +%s) - t0))
   local verdict=PASS
-  [ $rc = 0 ] || { verdict="FAIL (exit $rc; $name.log)"; failed=1; }
+  if [ $rc = 124 ] && [ "$name" != build ] && [ "$step_limit" -gt 0 ]; then
+    verdict="STOPPED at --step-limit $step_limit s ($name.log; results so far in $name/)"
+    failed=1
+  elif [ $rc != 0 ]; then
+    verdict="FAIL (exit $rc; $name.log)"
+    failed=1
+  fi
   echo "| $name | $verdict | $secs |" >>"$summary"
   echo "gpu-check: $name $verdict in $secs s" >&2
   return $rc

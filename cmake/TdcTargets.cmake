@@ -7,6 +7,11 @@
 # their command line does not invalidate the PCH, which has nothing of gtest's.
 add_library(tdc_pch OBJECT ${CMAKE_CURRENT_LIST_DIR}/pch.cpp)
 target_link_libraries(tdc_pch PUBLIC tdc_deps)
+# [Note: frames with file:line] Test binaries carry line tables (-g1) so that a hang's or a
+# crash's stack names the test body's file:line. GCC uses a PCH built with debug info in TUs
+# with or without -g (not the other way round), so the one PCH is built with -g1 and libtdc's
+# TUs, built without -g, still use it.
+target_compile_options(tdc_pch PRIVATE -g1)
 target_precompile_headers(tdc_pch PRIVATE ${CMAKE_CURRENT_LIST_DIR}/pch.h)
 function(tdc_use_pch target)
   target_precompile_headers(${target} REUSE_FROM tdc_pch)
@@ -19,6 +24,7 @@ endfunction()
 function(tdc_test_binary name kind)
   add_executable(${name} ${ARGN})
   tdc_use_pch(${name})
+  target_compile_options(${name} PRIVATE -g1)  # [Note: frames with file:line]
   target_link_options(${name} PRIVATE -rdynamic)
   set_property(GLOBAL APPEND PROPERTY TDC_SUITES "${kind}:${name}")
   if(kind STREQUAL "unit")

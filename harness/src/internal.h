@@ -7,6 +7,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -70,6 +71,17 @@ void set_signal_rank(int rank);
 // `budget_s` seconds. Returns readable, demangled text.
 std::string capture_stacks(pid_t pid, const std::string& stacks_path, double budget_s);
 std::string demangle_text(const std::string& text);
+// `text` with each unnamed frame "bin(+0x...) [0x...]" followed by its function and file:line,
+// as far as addr2line can tell within `budget_s` ([Note: frames with file:line], symbolize.cpp).
+std::string symbolize_frames(const std::string& text, double budget_s);
+
+// A helper program's output (stdout and stderr), run with at most `budget_s` seconds (then killed).
+struct ProgramOutput {
+  std::string text;
+  bool finished = false;  // exited within the budget; `status` is its wait status
+  int status = 0;
+};
+ProgramOutput run_program(const std::vector<std::string>& argv, double budget_s);
 
 // [Note: the odd rank first] In a hang most ranks usually wait in one place (a collective, a
 // barrier) for the one or few that are elsewhere, and a long report cut after 60 lines would hide

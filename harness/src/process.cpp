@@ -385,7 +385,7 @@ void Supervisor::set_verdict(Outcome& o, bool timed_out, const std::string& stac
     bool any_crashed = false;
     for (int r : c.ranks) any_crashed |= o.ranks[r].status == RankStatus::Crash;
     if (!any_crashed) continue;
-    std::string tail = demangle_text(tail_lines(c.output, 40, 8192));
+    std::string tail = demangle_text(symbolize_frames(tail_lines(c.output, 40, 8192), 3.0));
     crash_msgs.push_back(crash_reason(c, -1) + "\n  last output:\n" + (tail.empty() ? std::string("  (none)") : tail));
   }
   if (timed_out) {

@@ -304,40 +304,10 @@ std::string read_file(const std::string& p) {
 }
 
 std::string gdb_stacks(pid_t pid, double budget_s) {
-  int out[2];
-  if (pipe2(out, O_CLOEXEC) != 0) return "(gdb: pipe failed)\n";
-  pid_t g = fork();
-  if (g == 0) {
-    dup2(out[1], 1);
-    dup2(out[1], 2);
-    std::string p = std::to_string(pid);
-    execlp("gdb", "gdb", "-nx", "-batch", "-p", p.c_str(), "-ex", "thread apply all bt", nullptr);
-    _exit(127);
-  }
-  ::close(out[1]);
-  fcntl(out[0], F_SETFL, O_NONBLOCK);
-  std::string text;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(budget_s);
-  int status = 0;
-  bool done = false;
-  while (std::chrono::steady_clock::now() < deadline) {
-    char buf[8192];
-    ssize_t n;
-    while ((n = ::read(out[0], buf, sizeof buf)) > 0) text.append(buf, n);
-    if (waitpid(g, &status, WNOHANG) == g) {
-      done = true;
-      while ((n = ::read(out[0], buf, sizeof buf)) > 0) text.append(buf, n);
-      break;
-    }
-    usleep(20000);
-  }
-  if (!done) {
-    kill(g, SIGKILL);
-    waitpid(g, &status, 0);
-    text += fmt::format("(gdb did not finish within {:.1f} s)\n", budget_s);
-  }
-  ::close(out[0]);
-  return text;
+  ProgramOutput out =
+      run_program({"gdb", "-nx", "-batch", "-p", std::to_string(pid), "-ex", "thread apply all bt"}, budget_s);
+  if (!out.finished) out.text += fmt::format("(gdb did not finish within {:.1f} s)\n", budget_s);
+  return out.text;
 }
 }  // namespace
 
@@ -353,7 +323,7 @@ std::string capture_stacks(pid_t pid, const std::string& stacks_path, double bud
         if (s.find("--- end of stacks") != std::string::npos) break;
         usleep(10000);
       }
-      text = tidy_stacks(demangle_text(read_file(stacks_path)));
+      text = tidy_stacks(demangle_text(symbolize_frames(read_file(stacks_path), std::min(budget_s, 3.0))));
       if (text.empty()) text = "(no stacks: the process did not answer SIGUSR2)\n";
     }
   }

@@ -331,6 +331,10 @@ ChildRun run_child(const std::string& filter, const ChildOptions& o = {}) {
     close(out[0]);
     setenv("TMPDIR", run.tmpdir.c_str(), 1);
     setenv("TDC_SELFTEST_TOKEN", run.token.c_str(), 1);
+    // The cases test the harness, not a backend: they run on Gloo and CPU whatever this run's
+    // --backend and --device (under NCCL on one GPU their multi-rank cases would all skip).
+    setenv("TDC_BACKEND", "gloo", 1);
+    setenv("TDC_DEVICE", "cpu", 1);
     for (auto& kv : o.env) putenv(strdup(kv.c_str()));
     std::vector<std::string> args = {self_dir() + "/" + o.binary, "--gtest_filter=" + filter,
                                      "--tdc_results=" + results};
@@ -456,7 +460,11 @@ void expect_location(const TestResult& t, const std::string& what) {
 }  // namespace
 
 TEST(HarnessMustFail, CrashOnOneRank) {
-  ChildRun r = expect_outcome("MustFail.CrashOnOneRank", {Status::Crash, {"[rank 1]", "SIGSEGV", "last output"}});
+  // [Note: frames with file:line]: the crashing test body's frame names its function and line.
+  ChildRun r = expect_outcome(
+      "MustFail.CrashOnOneRank",
+      {Status::Crash,
+       {"[rank 1]", "SIGSEGV", "last output", "MustFail_CrashOnOneRank_TdcBody() at tests/mustfail_cases.cpp:36"}});
   const TestResult& t = only_test(r);
   ASSERT_EQ(t.ranks.size(), 4u) << r.output;
   EXPECT_EQ(t.ranks[1].status, RankStatus::Crash) << to_string(t.ranks[1].status);
@@ -474,6 +482,8 @@ TEST(HarnessMustFail, HangOnOneRankTimesOutWithStacks) {
   const std::string& m = only_test(r).message;
   EXPECT_TRUE(contains(m, "not where the others are: rank 2 (rank 0, rank 1, rank 3 are all in one place)")) << m;
   EXPECT_LT(m.find("stacks of rank 2"), m.find("stacks of rank 0")) << m;
+  // [Note: frames with file:line]: the test body's frame, unnamed by backtrace_symbols, has its line.
+  EXPECT_TRUE(contains(m, "MustFail_HangOnOneRank_TdcBody() at tests/mustfail_cases.cpp:42")) << m;
   expect_location(only_test(r), "TDC_DIST_TEST(MustFail, HangOnOneRank");
 }
 TEST(HarnessMustFail, ExceptionOnOneRank) {
