@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "cli.h"
 #include "process.h"

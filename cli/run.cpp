@@ -20,6 +20,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <fmt/ranges.h>
 
 #include "cli.h"
 #include "process.h"

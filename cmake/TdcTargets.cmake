@@ -1,21 +1,10 @@
-# How tdc's folders declare their products: the shared precompiled header, test binaries (listed
+# How tdc's folders declare their products: test binaries (listed
 # in tdc_suites.json for `tdc run`) and the files the CLI reads from the build directory.
 
-# ---------------------------------------------------------------- the shared PCH
-# LibTorch, c10d, fmt, nlohmann-json: no GoogleTest (libtdc uses it too, and knows no test
-# framework). Test TUs include gtest.h themselves; GoogleTest's GTEST_HAS_PTHREAD definition on
-# their command line does not invalidate the PCH, which has nothing of gtest's.
-add_library(tdc_pch OBJECT ${CMAKE_CURRENT_LIST_DIR}/pch.cpp)
-target_link_libraries(tdc_pch PUBLIC tdc_deps)
-# [Note: frames with file:line] Test binaries carry line tables (-g1) so that a hang's or a
-# crash's stack names the test body's file:line. GCC uses a PCH built with debug info in TUs
-# with or without -g (not the other way round), so the one PCH is built with -g1 and libtdc's
-# TUs, built without -g, still use it.
-target_compile_options(tdc_pch PRIVATE -g1)
-target_precompile_headers(tdc_pch PRIVATE ${CMAKE_CURRENT_LIST_DIR}/pch.h)
-function(tdc_use_pch target)
-  target_precompile_headers(${target} REUSE_FROM tdc_pch)
-endfunction()
+# [Note: no precompiled header] tdc has none: measured side by side (docs/bench/build_time.md,
+# tools/build/tu_times.sh), the shared PCH of LibTorch (~790 MB) made a TU that needs little of
+# it twice as slow (loading it costs more than parsing what the TU includes) and a heavy TU no
+# faster, and its 40 s build held up every other TU. Each TU includes what it uses.
 
 # ---------------------------------------------------------------- test binaries
 # tdc_test_binary(name kind sources...): kind is unit, mustfail or conformance. Every binary is
@@ -23,8 +12,9 @@ endfunction()
 # per binary, not per test).
 function(tdc_test_binary name kind)
   add_executable(${name} ${ARGN})
-  tdc_use_pch(${name})
-  target_compile_options(${name} PRIVATE -g1)  # [Note: frames with file:line]
+  # [Note: frames with file:line] line tables (-g1), so that a hang's or a crash's stack names
+  # the test body's file:line.
+  target_compile_options(${name} PRIVATE -g1)
   target_link_options(${name} PRIVATE -rdynamic)
   set_property(GLOBAL APPEND PROPERTY TDC_SUITES "${kind}:${name}")
   if(kind STREQUAL "unit")
@@ -32,10 +22,9 @@ function(tdc_test_binary name kind)
   endif()
 endfunction()
 
-# A program that is not a test binary (benchmarks, examples): same PCH and -rdynamic (stack traces).
+# A program that is not a test binary (benchmarks, examples): -rdynamic (stack traces).
 function(tdc_program name)
   add_executable(${name} ${ARGN})
-  tdc_use_pch(${name})
   target_link_options(${name} PRIVATE -rdynamic)
 endfunction()
 

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "bench/support.h"
 #include "cli.h"

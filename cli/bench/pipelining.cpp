@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <fmt/ranges.h>
 
 #include "bench/support.h"
 #include "cli.h"

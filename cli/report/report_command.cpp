@@ -1,5 +1,6 @@
 // `tdc report RUN... --out DIR [--parity FILE]...`: the report of one or more runs.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "cli.h"
 #include "report/report.h"

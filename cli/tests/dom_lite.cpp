@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <optional>
 
 namespace tdc::cli::dom {
 

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <cmath>
 
 #include "report/html.h"
 #include "report/log_excerpt.h"

@@ -36,6 +36,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/optim/adam.h>
+#include <fmt/ranges.h>
 
 #include "tdc/checkpoint/checkpoint.h"
 #include "tdc/state_dict/state_dict.h"

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 
 #include <stdexcept>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "tdc/comm/backend_registry.h"
 #include "tdc/comm/op_paths.h"

@@ -9,6 +9,8 @@
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <torch/optim/sgd.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "tdc/comm/collectives.h"
 #include "tdc/comm/testing.h"

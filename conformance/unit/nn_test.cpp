@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <torch/torch.h>
 
 #include "tdc/conformance/checks.h"
 #include "tdc/conformance/pytorch_goldens.h"

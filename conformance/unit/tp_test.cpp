@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <gmock/gmock.h>
 #include <torch/optim/adamw.h>
+#include <torch/torch.h>
 
 #include "tdc/comm/collectives.h"
 #include "tdc/comm/debug_mode.h"

@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include <ATen/Parallel.h>
+#include <ATen/Context.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <ATen/detail/CUDAHooksInterface.h>

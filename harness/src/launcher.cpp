@@ -12,6 +12,8 @@
 
 #include <fmt/format.h>
 #include <ATen/Parallel.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>

@@ -13,6 +13,9 @@
 #include <future>
 #include <sstream>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 namespace tdc::harness::detail {
 
 // ---------------------------------------------------------------- tracking for signal handlers

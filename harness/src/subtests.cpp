@@ -2,6 +2,9 @@
 
 #include <stdexcept>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "internal.h"
 
 namespace tdc::harness {

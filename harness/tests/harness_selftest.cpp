@@ -15,6 +15,8 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest-spi.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include "tdc/harness/external_launcher.h"
 #include "tdc/harness/harness.h"

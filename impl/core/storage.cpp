@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include "tdc/core/wrapper_tensor.h"

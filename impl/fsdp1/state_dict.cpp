@@ -12,6 +12,7 @@
 #include <map>
 #include <set>
 #include <stdexcept>
+#include <fmt/ranges.h>
 
 namespace tdc::fsdp1 {
 

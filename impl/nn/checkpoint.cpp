@@ -12,6 +12,7 @@
 #include "tdc/nn/checkpoint.h"
 
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <ATen/core/Generator.h>
 

@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "tdc/tensor/detail/layout.h"
 #include "tdc/comm/collectives.h"

@@ -1,1 +1,0 @@
-// Anchor translation unit that owns the shared precompiled header.
