@@ -1,6 +1,7 @@
 // What `tdc run` prints at the end, and its --check of the files it wrote.
 #include "summary.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 

@@ -4,8 +4,8 @@ find_package(GTest REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(Threads REQUIRED)
 
-# LibTorch's wheel ships fmt headers but no gloo headers. fmt is used header-only from the
-# LibTorch copy so that one fmt version lives in the process (docs/decisions.md).
+# LibTorch's wheel ships fmt headers but no gloo headers. fmt comes from the LibTorch copy so that
+# one fmt version lives in the process (docs/decisions.md), compiled once (tdc_fmt, below).
 find_path(TDC_GLOO_INCLUDE_DIR gloo/algorithm.h
   HINTS ${TORCH_INSTALL_PREFIX}/include /usr/include
   DOC "gloo headers (Debian: libgloo-dev)")
@@ -70,9 +70,18 @@ endif()
 # tdc_deps: what every tdc target links (libtdc included): LibTorch, nlohmann-json, threads, fmt.
 # tdc_test_deps adds GoogleTest, for the harness and what links it (test binaries, the CLI, the
 # benchmarks): libtdc knows no test framework, and a program that links libtdc gets none.
+# [Note: fmt compiled once] LibTorch's wheel ships fmt's headers and keeps its compiled fmt hidden
+# inside libc10/libtorch, so tdc compiles fmt's non-template part itself: one TU, cmake/fmt.cpp,
+# from the same headers. tdc was built with FMT_HEADER_ONLY before: every TU that included
+# fmt/format.h then compiled all of format-inl.h, about 2.5 s of a 2-core machine's time per TU
+# (docs/bench/build_time.md).
+add_library(tdc_fmt STATIC ${CMAKE_CURRENT_LIST_DIR}/fmt.cpp)
+target_include_directories(tdc_fmt SYSTEM PRIVATE ${TORCH_INCLUDE_DIRS})
+target_compile_options(tdc_fmt PRIVATE -fPIC)
+set_target_properties(tdc_fmt PROPERTIES EXPORT_NAME fmt)
+
 add_library(tdc_deps INTERFACE)
-target_link_libraries(tdc_deps INTERFACE ${TORCH_LIBRARIES} nlohmann_json::nlohmann_json Threads::Threads)
-target_compile_definitions(tdc_deps INTERFACE FMT_HEADER_ONLY=1)
+target_link_libraries(tdc_deps INTERFACE ${TORCH_LIBRARIES} nlohmann_json::nlohmann_json Threads::Threads tdc_fmt)
 # [Note: libstdc++ before LibTorch] PyTorch 2.11's wheels export pieces of a static libstdc++ from
 # libtorch.so (64 std::filesystem symbols among 148 of namespace std; 2.12 and 2.14 export 72 std
 # symbols, 2.13's CPU wheel none). The dynamic linker binds every reference to the first library

@@ -14,7 +14,7 @@ set_target_properties(tdc_harness_main PROPERTIES EXPORT_NAME harness_main)
 set_target_properties(tdc_conformance_support PROPERTIES EXPORT_NAME conformance)
 set_target_properties(tdc_deps PROPERTIES EXPORT_NAME deps)
 set_target_properties(tdc_test_deps PROPERTIES EXPORT_NAME test_deps)
-install(TARGETS tdc tdc_deps tdc_test_deps tdc_harness tdc_harness_main tdc_conformance_support
+install(TARGETS tdc tdc_fmt tdc_deps tdc_test_deps tdc_harness tdc_harness_main tdc_conformance_support
   EXPORT tdcTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})

@@ -61,15 +61,34 @@ MutantBuilder::MutantBuilder(fs::path build, fs::path source_root)
     throw UsageError(fmt::format("mutate: {} has no libtdc.so yet: build it first (./tdc build)", build_.string()));
 }
 
-std::string MutantBuilder::compile_command(const std::string& source_abs) const {
-  std::istringstream in(commands_);
+namespace {
+
+// The unity TU's line that includes `source` (CMake writes `#include "<absolute path>"`).
+std::string unity_include(const fs::path& source) { return "#include \"" + source.string() + "\""; }
+
+bool unity_includes(const fs::path& unity, const fs::path& source) {
+  std::ifstream in(unity);
   for (std::string line; std::getline(in, line);)
-    if (line.size() > source_abs.size() &&
-        line.compare(line.size() - source_abs.size(), source_abs.size(), source_abs) == 0 &&
-        line.find(" -c " + source_abs) != std::string::npos)
-      return line;
+    if (line == unity_include(source)) return true;
+  return false;
+}
+
+}  // namespace
+
+MutantBuilder::Compile MutantBuilder::compile_of(const fs::path& source) const {
+  static const std::regex compiles(R"( -c (\S+)\s*$)");
+  std::istringstream in(commands_);
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (!std::regex_search(line, m, compiles)) continue;
+    const fs::path compiled = m[1].str();
+    if (compiled == source) return {line, compiled};
+    if (compiled.extension() == ".cxx" && compiled.parent_path().filename() == "Unity" &&
+        unity_includes(compiled, source))
+      return {line, compiled};
+  }
   throw UsageError(fmt::format(
-      "mutate: no command of libtdc compiles '{}' (is it one of impl/CMakeLists.txt's sources?)", source_abs));
+      "mutate: no command of libtdc compiles '{}' (is it one of impl/CMakeLists.txt's sources?)", source.string()));
 }
 
 MutantBuilder::Built MutantBuilder::build(const Mutant& m, const fs::path& dir) const {
@@ -83,11 +102,20 @@ MutantBuilder::Built MutantBuilder::build(const Mutant& m, const fs::path& dir) 
   // The mutated file and the descriptor, each compiled like the original (dependency-file flags
   // dropped: nothing tracks these objects).
   static const std::regex depfile(R"( -MD -MT \S+ -MF \S+)");
-  auto recompile = [&](const fs::path& source, const fs::path& input, const std::string& extra) {
-    std::string line = std::regex_replace(compile_command(source.string()), depfile, "");
+  auto recompile = [&](const fs::path& source, const fs::path& replacement, const std::string& extra) {
+    const Compile compile = compile_of(source);
+    fs::path input = replacement;
+    if (compile.compiled != source) {  // a unity TU: its copy includes the replacement instead
+      input = dir / compile.compiled.filename();
+      std::ifstream unity(compile.compiled);
+      std::ofstream out(input);
+      for (std::string line; std::getline(unity, line);)
+        out << (line == unity_include(source) ? unity_include(replacement) : line) << "\n";
+    }
+    std::string line = std::regex_replace(compile.line, depfile, "");
     const std::string object = object_of(line);
     const fs::path new_object = dir / (input.filename().string() + ".o");
-    replace_once(line, " -o " + object + " -c " + source.string(),
+    replace_once(line, " -o " + object + " -c " + compile.compiled.string(),
                  fmt::format(" -iquote {} {} -o {} -c {}", shell_quote(source.parent_path().string()), extra,
                              shell_quote(new_object.string()), shell_quote(input.string())),
                  "object");

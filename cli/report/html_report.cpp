@@ -14,6 +14,7 @@
 //   table#flaky-table tr.flaky[data-run][data-test]
 //   #parity .scenario[data-scenario][data-verdict] svg.loss-chart polyline.series
 // Everything is in the DOM without JavaScript; the one script only adds a "failures only" filter.
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -31,7 +32,7 @@ namespace {
 
 using harness::TestResult;
 
-constexpr int kMaxMessageLines = 400;
+constexpr int kHtmlMaxMessageLines = 400;
 constexpr int kLogExcerptLines = 40;
 
 constexpr const char* kStyle = R"(
@@ -277,15 +278,13 @@ std::string section_flaky(const ReportInput& in) {
   return out + "</table></section>\n";
 }
 
-std::string number(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : "n/a"; }
-
 std::string parity_scenario(const ParityScenario& s) {
   std::string attrs = attr("data-scenario", s.name);
   std::string out = fmt::format(
       "<div class=\"scenario\"{}{}><h3>{} <span class=\"badge {}\">{}</span></h3>\n<p>{}</p>\n"
       "<p class=\"note\">world size {}; recipe: {}; tolerance rtol {} atol {}: {}</p>\n",
       attrs, attr("data-verdict", s.verdict), html_escape(s.name), html_escape(s.verdict), html_escape(s.verdict),
-      html_escape(s.description), s.world_size, html_escape(s.recipe), number(s.rtol), number(s.atol),
+      html_escape(s.description), s.world_size, html_escape(s.recipe), report_number(s.rtol), report_number(s.atol),
       html_escape(s.tolerance_why));
   if (!s.message.empty()) out += "<pre class=\"parity-message\">" + html_escape(s.message) + "</pre>\n";
   if (s.verdict == "NOT_SUPPORTED") return out + "</div>\n";  // neither side ran: nothing to chart
@@ -300,14 +299,16 @@ std::string parity_scenario(const ParityScenario& s) {
       "</div>\n<table class=\"grid per-step\"><thead><tr><th>step</th><th>tdc loss</th><th>PyTorch loss</th>"
       "<th>max relative difference</th></tr></thead>\n";
   size_t steps = std::max({s.loss_tdc.size(), s.loss_pytorch.size(), s.max_rel_diff_per_step.size()});
-  auto at = [](const std::vector<double>& v, size_t i) { return i < v.size() ? number(v[i]) : std::string("n/a"); };
+  auto at = [](const std::vector<double>& v, size_t i) {
+    return i < v.size() ? report_number(v[i]) : std::string("n/a");
+  };
   for (size_t i = 0; i < steps; ++i)
     out += fmt::format("<tr data-step=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td class=\"rel-diff\">{}</td></tr>\n", i,
                        i, at(s.loss_tdc, i), at(s.loss_pytorch, i), at(s.max_rel_diff_per_step, i));
   out += "</table>\n";
   if (s.has_max_param_rel_diff)
     out += fmt::format("<p>largest relative parameter difference after training: <b>{}</b></p>\n",
-                       number(s.max_param_rel_diff));
+                       report_number(s.max_param_rel_diff));
   return out + "</div>\n";
 }
 
@@ -329,7 +330,7 @@ std::string section_parity(const ReportInput& in) {
 
 std::string truncated(const std::string& message) {
   size_t cut = 0;
-  for (int k = 0; k < kMaxMessageLines; ++k) {
+  for (int k = 0; k < kHtmlMaxMessageLines; ++k) {
     cut = message.find('\n', cut);
     if (cut == std::string::npos) return message;
     ++cut;

@@ -14,7 +14,7 @@ namespace {
 
 using harness::TestResult;
 
-constexpr int kMaxMessageLines = 60;
+constexpr int kMarkdownMaxMessageLines = 60;
 
 // A table cell: one line, pipes escaped.
 std::string cell(const std::string& text) {
@@ -42,8 +42,6 @@ std::string fenced(const std::string& text) {
   if (body.empty() || body.back() != '\n') body += '\n';
   return fence + "text\n" + body + fence + "\n";
 }
-
-std::string number(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : "n/a"; }
 
 std::string first_lines(const std::string& text, int lines) {
   size_t cut = 0;
@@ -128,17 +126,20 @@ std::string parity_section(const ReportInput& in) {
       for (double v : s.max_rel_diff_per_step)
         if (std::isfinite(v)) worst = std::max(worst, v);
       out += fmt::format("| {} | **{}** | {} | rtol {} atol {} | {} | {} |\n", cell(s.name), s.verdict, s.world_size,
-                         number(s.rtol), number(s.atol), s.max_rel_diff_per_step.empty() ? "n/a" : number(worst),
-                         s.has_max_param_rel_diff ? number(s.max_param_rel_diff) : "n/a");
+                         report_number(s.rtol), report_number(s.atol),
+                         s.max_rel_diff_per_step.empty() ? "n/a" : report_number(worst),
+                         s.has_max_param_rel_diff ? report_number(s.max_param_rel_diff) : "n/a");
     }
     out += "\n";
     for (const ParityScenario& s : p.scenarios) {
       out += fmt::format("### {}: {}\n\n{}\n\nTolerance: rtol {} atol {}: {}\n\n", s.name, s.verdict, s.description,
-                         number(s.rtol), number(s.atol), s.tolerance_why);
+                         report_number(s.rtol), report_number(s.atol), s.tolerance_why);
       if (!s.message.empty()) out += fenced(s.message) + "\n";
       out += "| step | tdc loss | PyTorch loss | max relative difference |\n|---|---|---|---|\n";
       size_t steps = std::max({s.loss_tdc.size(), s.loss_pytorch.size(), s.max_rel_diff_per_step.size()});
-      auto at = [](const std::vector<double>& v, size_t i) { return i < v.size() ? number(v[i]) : std::string("n/a"); };
+      auto at = [](const std::vector<double>& v, size_t i) {
+        return i < v.size() ? report_number(v[i]) : std::string("n/a");
+      };
       for (size_t i = 0; i < steps; ++i)
         out += fmt::format("| {} | {} | {} | {} |\n", i, at(s.loss_tdc, i), at(s.loss_pytorch, i),
                            at(s.max_rel_diff_per_step, i));
@@ -184,7 +185,7 @@ std::string messages_section(const ReportInput& in) {
       if (t.status == harness::Status::Pass) continue;
       ++n;
       out += fmt::format("### {} `{}` ({})\n\n", harness::to_string(t.status), t.id, run.label);
-      out += fenced(first_lines(t.message.empty() ? "(no message)" : t.message, kMaxMessageLines)) + "\n";
+      out += fenced(first_lines(t.message.empty() ? "(no message)" : t.message, kMarkdownMaxMessageLines)) + "\n";
       if (!t.expectation.empty()) out += t.expectation + "\n\n";
     }
   if (n == 0) out += "Every result passed.\n";

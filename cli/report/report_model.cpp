@@ -1,6 +1,8 @@
 // The matrix, the diff and the flaky tests.
 #include "report/report_model.h"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 namespace tdc::cli {
@@ -21,6 +23,8 @@ std::string status_label(const std::string& status) {
   if (status == kNotRun) return "not run";
   return status;
 }
+
+std::string report_number(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : "n/a"; }
 
 bool is_failure_status(const std::string& status) {
   try {

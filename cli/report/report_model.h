@@ -74,5 +74,7 @@ std::string message_anchor(size_t run, int index);
 // Human spelling of a cell status ("not implemented" for kNotImplemented).
 std::string status_label(const std::string& status);
 bool is_failure_status(const std::string& status);
+// A tolerance or a difference in a report: 6 significant digits, "n/a" when not finite.
+std::string report_number(double v);
 
 }  // namespace tdc::cli

@@ -29,9 +29,9 @@ const std::vector<std::string> kSchedules = {"GPipe", "1F1B"};
 constexpr int kMaxWorld = 4, kMaxSteps = 20;
 
 // [Note: one JSON reader]: errors read "scenario 'FILE': field 'PATH': ... (value: ...)".
-using Reader = tdc::json::Reader<ScenarioError>;
+using ScenarioReader = tdc::json::Reader<ScenarioError>;
 
-ModelSpec read_model(Reader r) {
+ModelSpec read_model(ScenarioReader r) {
   ModelSpec m;
   m.type = r.string("type", kModels);
   if (m.is_fsdp1_fixture()) {  // the fixture fixes its own sizes
@@ -52,7 +52,7 @@ ModelSpec read_model(Reader r) {
   return m;
 }
 
-Recipe read_recipe(Reader r) {
+Recipe read_recipe(ScenarioReader r) {
   Recipe rc;
   rc.kind = r.string("kind", kRecipes);
   if (rc.kind == "fsdp1") {
@@ -60,7 +60,7 @@ Recipe read_recipe(Reader r) {
     rc.use_orig_params = r.boolean_or("use_orig_params", false);
   }
   if (r.find("mixed_precision")) {
-    Reader mp = r.object("mixed_precision");
+    ScenarioReader mp = r.object("mixed_precision");
     rc.mixed_precision =
         MixedPrecision{mp.string("param_dtype", kDtypes), mp.string_or("reduce_dtype", "float32", kDtypes)};
     mp.no_unknown_keys();
@@ -93,7 +93,7 @@ int64_t mesh_size_of(const Scenario& s, const std::string& name) {
 }
 
 // How the fields fit together.
-void check_consistency(const Scenario& s, Reader& r) {
+void check_consistency(const Scenario& s, ScenarioReader& r) {
   const Recipe& rc = s.recipe;
   auto fail = [&](const std::string& field, const std::string& what, const json& value) {
     r.fail_at(field, what, value);
@@ -209,7 +209,7 @@ Scenario load_scenario(const std::filesystem::path& file) {
   if (!in) throw ScenarioError(fmt::format("scenario '{}': cannot be read", file.string()));
   json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw ScenarioError(fmt::format("scenario '{}': not valid JSON", file.string()));
-  Reader r(j, fmt::format("scenario '{}'", file.string()));
+  ScenarioReader r(j, fmt::format("scenario '{}'", file.string()));
   Scenario s;
   s.file = file;
   s.name = r.string("name");
@@ -232,7 +232,7 @@ Scenario load_scenario(const std::filesystem::path& file) {
   }
   s.world_size = static_cast<int>(r.integer("world_size", 1, kMaxWorld));
   {
-    Reader mesh = r.object("mesh");
+    ScenarioReader mesh = r.object("mesh");
     s.mesh_shape = mesh.integers("shape", 1, kMaxWorld);
     if (s.mesh_shape.empty() || s.mesh_shape.size() > 2)
       mesh.fail_at("mesh.shape", "must be a list of 1 or 2 sizes", mesh.need("shape"));
@@ -244,7 +244,7 @@ Scenario load_scenario(const std::filesystem::path& file) {
   s.recipe = read_recipe(r.object("recipe"));
   if (!fixture) s.batch = r.integer("batch", 1, 1 << 16);
   {
-    Reader o = r.object("optimizer");
+    ScenarioReader o = r.object("optimizer");
     s.optimizer.type = o.string("type", kOptimizers);
     s.optimizer.lr = o.number("lr", 0);
     if (s.optimizer.type == "sgd") s.optimizer.momentum = o.number_or("momentum", 0, 0);
@@ -252,14 +252,14 @@ Scenario load_scenario(const std::filesystem::path& file) {
   }
   s.steps = static_cast<int>(r.integer("steps", 1, kMaxSteps));
   {
-    Reader t = r.object("tolerance");
+    ScenarioReader t = r.object("tolerance");
     s.tolerance.rtol = t.number("rtol", 0);
     s.tolerance.atol = t.number("atol", 0);
     s.tolerance.why = t.string("why");
     t.no_unknown_keys();
   }
   if (r.find("requires")) {
-    Reader q = r.object("requires");
+    ScenarioReader q = r.object("requires");
     const std::string v = q.string("pytorch");
     Requirement req;
     req.min_pytorch = parse_release(v);
@@ -269,7 +269,7 @@ Scenario load_scenario(const std::filesystem::path& file) {
     s.requires_release = std::move(req);
   }
   if (r.find("perturb_tdc")) {
-    Reader p = r.object("perturb_tdc");
+    ScenarioReader p = r.object("perturb_tdc");
     s.perturb_tdc_lr_scale = p.number("lr_scale", 0);
     p.no_unknown_keys();
   }

@@ -21,7 +21,7 @@ namespace {
 
 using json = nlohmann::json;
 
-using Reader = tdc::json::Reader<std::runtime_error>;  // [Note: one JSON reader]
+using TraceReader = tdc::json::Reader<std::runtime_error>;  // [Note: one JSON reader]
 
 // One quantity against its reference: passes, and its relative difference.
 struct Check {
@@ -51,7 +51,7 @@ nlohmann::ordered_json to_json(const Trace& t) {
 }
 
 Trace trace_from_json(const json& j, const std::string& where) {
-  Reader r(j, fmt::format("trace '{}'", where));
+  TraceReader r(j, fmt::format("trace '{}'", where));
   const std::string schema = r.string("schema");
   if (schema != kTraceSchema) r.fail_at("schema", fmt::format("must be '{}'", kTraceSchema), j["schema"]);
   Trace t;
@@ -61,13 +61,13 @@ Trace trace_from_json(const json& j, const std::string& where) {
   t.world_size = static_cast<int>(r.integer("world_size", 1, std::numeric_limits<int>::max()));
   const json& steps = r.array("steps");
   for (size_t i = 0; i < steps.size(); ++i) {
-    Reader s = r.object_at("steps", steps, i);
+    TraceReader s = r.object_at("steps", steps, i);
     t.steps.push_back({static_cast<int>(s.integer("step", 0, std::numeric_limits<int>::max())), s.number("loss"),
                        s.number("grad_norm")});
   }
-  Reader params = r.object("params");
+  TraceReader params = r.object("params");
   for (const auto& [fqn, c] : r.need("params").items()) {
-    Reader p = params.object(fqn);
+    TraceReader p = params.object(fqn);
     t.params[fqn] = {p.number("sum"), p.number("abs_sum"), p.number("norm")};
   }
   return t;

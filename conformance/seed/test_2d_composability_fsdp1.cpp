@@ -136,7 +136,7 @@ std::shared_ptr<FSDP> fsdp1_over_tp(nn::ModulePtr model, const DeviceMesh& mesh_
   return fsdp1_on(std::move(model), mesh_2d["dp"], use_orig_params);
 }
 
-void train_step(nn::Module& model, torch::optim::Optimizer& optim, const at::Tensor& input) {
+void sum_backward_step(nn::Module& model, torch::optim::Optimizer& optim, const at::Tensor& input) {
   model(input).sum().backward();
   optim.step();
 }
@@ -340,7 +340,7 @@ void _test_2d_load_state_dict(bool is_even_sharded_model) {
   const StateDict ref_state_dict = conformance::deep_copy(model_2d->state_dict());
 
   // Update the parameters so that model_2d's state dict differs from ref_state_dict.
-  train_step(*model_2d, optim_2d, get_input());
+  sum_backward_step(*model_2d, optim_2d, get_input());
 
   // Load ref_state_dict back.
   const StateDict load_ref_state_dict = checkpoint::from_bytes(checkpoint, {mesh_2d});
@@ -444,21 +444,21 @@ void _test_2d_optim_state_dict(bool is_even_sharded_model) {
   nn::ModulePtr no_wrap_model = simple_model(is_even_sharded_model);
   nn::ModulePtr base_2d = no_wrap_model->deep_copy();
   torch::optim::Adam no_wrap_optim(no_wrap_model->params(), adam_lr(0.01));
-  train_step(*no_wrap_model, no_wrap_optim, get_input());
+  sum_backward_step(*no_wrap_model, no_wrap_optim, get_input());
   const StateDict no_wrap_osd = checkpoint::get_optimizer_state_dict(*no_wrap_model, no_wrap_optim);
 
   DeviceMesh mesh_2d = init_mesh_2d();
   auto model_2d = fsdp1_over_tp(base_2d, mesh_2d, simple_plan(), /*use_orig_params=*/true);
   FSDP::set_state_dict_type(*model_2d, fsdp1::StateDictType::SHARDED_STATE_DICT);
   torch::optim::Adam optim_2d(model_2d->params(), adam_lr(0.01));
-  train_step(*model_2d, optim_2d, get_input());
+  sum_backward_step(*model_2d, optim_2d, get_input());
   const StateDict optim_2d_osd = checkpoint::get_optimizer_state_dict(*model_2d, optim_2d);
   const StateDict ref_optim_2d_osd = conformance::deep_copy(optim_2d_osd);
   check_against_unwrapped(no_wrap_osd, optim_2d_osd);
   if (::testing::Test::HasFatalFailure()) return;
 
   // Another step, so that the 2-D optimizer state differs from ref_optim_2d_osd; then load it.
-  train_step(*model_2d, optim_2d, get_input());
+  sum_backward_step(*model_2d, optim_2d, get_input());
   checkpoint::set_optimizer_state_dict(*model_2d, optim_2d, ref_optim_2d_osd);
   const StateDict new_optim_2d_osd = checkpoint::get_optimizer_state_dict(*model_2d, optim_2d);
   // As PyTorch (F.2): the originally returned dict.
@@ -506,7 +506,7 @@ TDC_DIST_TEST(TestNew2dParallelStateDict, test_fsdp1_tp_2d_set_full_state_dict, 
   DeviceMesh mesh_1d = init_device_mesh(fixtures::device_type(), {ctx().world_size});
   auto model = fsdp1_on(simple_model(), mesh_1d, /*use_orig_params=*/false);
   torch::optim::Adam optim(model->params(), adam_lr(0.01));
-  train_step(*model, optim, get_input());
+  sum_backward_step(*model, optim, get_input());
   const StateDict ref_full_msd = checkpoint::get_model_state_dict(*model, kFullOffload);
   const StateDict ref_full_osd = checkpoint::get_optimizer_state_dict(*model, optim, kFullOffload);
   StateDict to_save = ref_full_msd.with_prefix("model");

@@ -148,6 +148,11 @@ bool Action::is_compute() const {
   }
 }
 
+std::vector<Action> Action::leaves() const {
+  if (!sub_actions.empty()) return sub_actions;
+  return {*this};
+}
+
 std::string Action::str() const {
   if (!sub_actions.empty()) {
     std::string out = "(";

@@ -13,12 +13,6 @@ namespace tdc::pipelining {
 
 namespace {
 
-// The leaves of an action: its sub-actions for OVERLAP_F_B, else itself.
-std::vector<Action> leaves(const Action& a) {
-  if (!a.sub_actions.empty()) return a.sub_actions;
-  return {a};
-}
-
 // ------------------------------------------------------------------ 1. UNSHARD / RESHARD
 
 // The first `count` distinct stages the actions from `from` on compute on. An OVERLAP_F_B adds all
@@ -30,7 +24,7 @@ std::vector<int> next_stages(const std::vector<std::optional<Action>>& actions, 
   };
   for (size_t i = from; i < actions.size() && window.size() < count; ++i) {
     if (!actions[i]) continue;
-    for (const Action& leaf : leaves(*actions[i])) add(leaf.stage);
+    for (const Action& leaf : actions[i]->leaves()) add(leaf.stage);
   }
   return window;
 }
@@ -71,7 +65,7 @@ struct Comms {
   }
 
   bool ready(const Action& a, const std::set<Action>& done) const {
-    for (const Action& leaf : leaves(a)) {
+    for (const Action& leaf : a.leaves()) {
       auto in = inputs(leaf);
       if (!in.empty() && std::none_of(in.begin(), in.end(), [&](const Action& x) { return done.contains(x); }))
         return false;
@@ -87,7 +81,7 @@ std::string blocked_heads(const std::map<int, std::vector<Action>>& pending, con
     if (head.at(rank) >= actions.size()) continue;
     const Action& a = actions[head.at(rank)];
     std::string wants;
-    for (const Action& leaf : leaves(a))
+    for (const Action& leaf : a.leaves())
       for (const Action& x : comms.inputs(leaf)) wants += (wants.empty() ? "" : " or ") + x.str();
     out += fmt::format("\n  rank {} at step {}: {} waits for {}", rank, head.at(rank), a.str(), wants);
   }
@@ -193,7 +187,7 @@ std::vector<Action> add_reduce_grad(const std::vector<std::optional<Action>>& ac
   for (const auto& a : actions) {
     if (!a) continue;
     out.push_back(*a);
-    for (const Action& leaf : leaves(*a)) {
+    for (const Action& leaf : a->leaves()) {
       if (leaf.type != ActionType::FullBackward && leaf.type != ActionType::BackwardWeight) continue;
       if (++backwards[leaf.stage] == n_microbatches)
         out.push_back({leaf.stage, ActionType::ReduceGrad, std::nullopt, {}});
@@ -228,7 +222,7 @@ ActionLists add_send_recv(const ActionLists& actions, const StageToRank& stage_t
       if (head[rank] >= list.size() || !comms.ready(list[head[rank]], done[rank])) continue;
       const Action& a = list[head[rank]++];
       out[rank].push_back(a);
-      for (const Action& leaf : leaves(a)) {
+      for (const Action& leaf : a.leaves()) {
         done[rank].insert(leaf);
         std::optional<int> to = comms.consumer(leaf);
         if (!to) continue;
@@ -264,7 +258,7 @@ StageToRank validate_compute(const ComputeOrder& order, int pp, int num_stages, 
   for (const auto& [rank, actions] : order) {
     for (size_t step = 0; step < actions.size(); ++step) {
       if (!actions[step]) continue;
-      for (const Action& leaf : leaves(*actions[step])) checker.process(leaf, rank, step);
+      for (const Action& leaf : actions[step]->leaves()) checker.process(leaf, rank, step);
     }
   }
   checker.check_counts();
@@ -277,7 +271,7 @@ ActionLists lower(const ComputeOrder& order, int n_microbatches) {
   for (const auto& [rank, actions] : order)
     for (const auto& a : actions)
       if (a)
-        for (const Action& leaf : leaves(*a)) num_stages = std::max(num_stages, leaf.stage + 1);
+        for (const Action& leaf : a->leaves()) num_stages = std::max(num_stages, leaf.stage + 1);
   const StageToRank stage_to_rank = validate_compute(order, static_cast<int>(order.size()), num_stages, n_microbatches);
   for (const auto& [rank, actions] : order) {
     for (size_t i = 0; i < actions.size(); ++i) {

@@ -23,11 +23,6 @@ using Key = std::tuple<int, ActionType, int>;  // (stage, type, microbatch) of a
 Key key(int stage, ActionType type, const std::optional<int>& mb) { return {stage, type, mb.value_or(-1)}; }
 Key key(const Action& a) { return key(a.stage, a.type, a.microbatch); }
 
-std::vector<Action> leaves(const Action& a) {
-  if (!a.sub_actions.empty()) return a.sub_actions;
-  return {a};
-}
-
 bool is_send(ActionType t) { return t == ActionType::SendF || t == ActionType::SendB; }
 bool is_recv(ActionType t) { return t == ActionType::RecvF || t == ActionType::RecvB; }
 bool is_forward_message(ActionType t) { return t == ActionType::SendF || t == ActionType::RecvF; }
@@ -106,7 +101,7 @@ class Replay {
     RankState& st = ranks_[rank];
     for (size_t step = 0; step < list.size(); ++step) {
       const Action& a = list[step];
-      for (const Action& leaf : leaves(a)) {
+      for (const Action& leaf : a.leaves()) {
         check_leaf(rank, step, leaf);
         if (leaf.type == ActionType::FullBackward || leaf.type == ActionType::BackwardWeight)
           ++st.backwards_in_list[leaf.stage];
@@ -262,7 +257,7 @@ class Replay {
 
   bool compute(int rank, size_t step, const Action& a) {
     RankState& st = ranks_[rank];
-    const std::vector<Action> parts = leaves(a);
+    const std::vector<Action> parts = a.leaves();
     for (const Action& leaf : parts) {
       if (st.uses_unshard.contains(leaf.stage) && !st.unsharded.contains(leaf.stage))
         fail(rank, step, a, fmt::format("stage {} is not unsharded here (its list UNSHARDs it elsewhere)", leaf.stage));

@@ -49,6 +49,8 @@ struct Action {
   std::vector<Action> sub_actions;  // OVERLAP_F_B only
 
   bool is_compute() const;  // F, B, I, W, OVERLAP_F_B
+  // Its sub-actions for OVERLAP_F_B, else itself.
+  std::vector<Action> leaves() const;
   // PyTorch's repr: `<stage><TYPE>[<mb>]`, `(0F3;3B1)OVERLAP_F_B`.
   std::string str() const;
   friend bool operator==(const Action&, const Action&) = default;
