@@ -6,6 +6,7 @@
 // must fail the job.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -178,13 +179,14 @@ TEST_F(GithubActionsTest, TriggersAndInputsReachTheJobScript) {
 
 TEST_F(GithubActionsTest, ChecksOutCachesSetsUpRunsAndUploadsAlways) {
   int checkout = step_using("actions/checkout");
-  int cache_venv = -1, cache_build = -1;
+  int cache_venv = -1, cache_build = -1, cache_ccache = -1;
   for (int i = step_using("actions/cache"); i >= 0; i = step_using("actions/cache", i + 1)) {
     const YAML::Node with = steps_[i]["with"];
     auto paths = lines_of(with["path"], "cache path");
     std::string key = scalar(with["key"], "cache key");
     EXPECT_NE(key.find("torch${{ steps.tdc.outputs.torch }}"), std::string::npos) << "key '" << key << "'";
     if (contains(paths, tdc_src_ + "/.venv")) cache_venv = i;
+    if (contains(paths, ".ccache")) cache_ccache = i;
     if (contains(paths, tdc_src_ + "/build")) {
       cache_build = i;
       EXPECT_NE(key.find("CMakeLists.txt"), std::string::npos) << "build key '" << key << "' ignores CMake files";
@@ -196,11 +198,14 @@ TEST_F(GithubActionsTest, ChecksOutCachesSetsUpRunsAndUploadsAlways) {
   ASSERT_GE(checkout, 0) << "no actions/checkout step";
   ASSERT_GE(cache_venv, 0) << "no actions/cache step for " << tdc_src_ << "/.venv";
   ASSERT_GE(cache_build, 0) << "no actions/cache step for " << tdc_src_ << "/build";
+  ASSERT_GE(cache_ccache, 0) << "no actions/cache step for .ccache ([Note: ccache])";
+  EXPECT_EQ(scalar(doc_["env"]["CCACHE_DIR"], "env.CCACHE_DIR"), "${{ github.workspace }}/.ccache")
+      << "ccache must use the cached directory";
   ASSERT_GE(setup, 0) << "no step runs " << tdc_src_ << "/" << kJobCommands[0];
   ASSERT_GE(run, 0) << "no step runs " << tdc_src_ << "/" << kJobCommands[1];
   ASSERT_GE(upload, 0) << "no actions/upload-artifact step";
   EXPECT_LT(checkout, cache_venv);
-  EXPECT_LT(std::max(cache_venv, cache_build), setup) << "caches must be restored before the setup";
+  EXPECT_LT(std::max({cache_venv, cache_build, cache_ccache}), setup) << "caches must be restored before the setup";
   EXPECT_LT(setup, run);
   EXPECT_LT(run, upload);
 
@@ -237,7 +242,7 @@ TEST_F(GitlabCiTest, StageVariablesAndScript) {
   EXPECT_EQ(job_commands(lines_of(job_["script"], "script"), tdc_src_), kJobCommands);
 }
 
-TEST_F(GitlabCiTest, CachesVenvAndBuild) {
+TEST_F(GitlabCiTest, CachesVenvBuildAndCcache) {
   const YAML::Node cache = job_["cache"];
   ASSERT_TRUE(cache) << "the job has no cache:";
   std::vector<std::string> paths;
@@ -252,6 +257,9 @@ TEST_F(GitlabCiTest, CachesVenvAndBuild) {
   }
   EXPECT_TRUE(contains(paths, tdc_src_ + "/.venv")) << "cache lacks " << tdc_src_ << "/.venv";
   EXPECT_TRUE(contains(paths, tdc_src_ + "/build")) << "cache lacks " << tdc_src_ << "/build";
+  EXPECT_TRUE(contains(paths, ".ccache")) << "cache lacks .ccache ([Note: ccache])";
+  EXPECT_EQ(scalar(doc_["variables"]["CCACHE_DIR"], "variables.CCACHE_DIR"), "$CI_PROJECT_DIR/.ccache")
+      << "ccache must use the cached directory";
 }
 
 TEST_F(GitlabCiTest, ArtifactsAlwaysWithJunitReport) {

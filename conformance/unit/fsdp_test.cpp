@@ -250,6 +250,28 @@ TDC_DIST_TEST(FSDPTest, ReshardAfterForwardBoundsUnshardedMemory, .world_size = 
     }
     loss.backward();
     EXPECT_EQ(fsdp::memory_stats().unsharded_bytes, before) << "after backward everything is resharded";
+
+    // The second forward knows the order: each block but the last has issued the next block's
+    // all-gather before it computes ([Note: implicit prefetch]): two blocks at a time, never three.
+    std::vector<fsdp::ShardedCounts> counts;
+    for (auto& [n, block] : model->child("layers").named_children_tdc()) {
+      block->register_forward_hook(
+          [&counts, &model](nn::Module&, const nn::Tensors&, const nn::Tensors&) -> std::optional<nn::Tensors> {
+            counts.push_back(fsdp::sharded_counts(*model));
+            return std::nullopt;
+          });
+    }
+    const int block_params = static_cast<int>(model->child("layers").child("0").params().size());
+    fsdp::reset_peak_memory_stats();
+    loss = (*model)(make_input("transformer", 5)).sum();
+    ASSERT_EQ(counts.size(), static_cast<size_t>(args.n_layers));
+    // (Backward resharded every block, so they are gathered again either way.)
+    for (size_t i = 0; i + 1 < counts.size(); ++i)
+      EXPECT_EQ(counts[i].unsharding, block_params) << "block " << i << " did not prefetch the next one";
+    EXPECT_EQ(counts.back().unsharding, 0) << "the last block has nothing to prefetch";
+    if (reshard) EXPECT_LE(fsdp::memory_stats().peak_unsharded_bytes - before, root_bytes + 2 * block_bytes);
+    loss.backward();
+    EXPECT_EQ(fsdp::memory_stats().unsharded_bytes, before) << "after backward everything is resharded";
   });
 }
 
@@ -337,20 +359,25 @@ TDC_DIST_TEST(FSDPTest, ForwardPrefetchOrder, .world_size = 2) {
   }
   shard_model(*model, "transformer", {});
   auto& layers = model->child("layers");
-  for (bool prefetch : {false, true}) {
-    if (prefetch) fsdp::as_fsdp(layers.child("0")).set_modules_to_forward_prefetch({&layers.child("1")});
+  // The first forward knows no order yet; the second prefetches implicitly ([Note: implicit
+  // prefetch]): the root issues block 0's gather, block 0 issues block 1's; the third does the
+  // same through an explicit list on block 0.
+  for (const char* phase : {"first", "implicit", "explicit"}) {
+    if (std::string(phase) == "explicit")
+      fsdp::as_fsdp(layers.child("0")).set_modules_to_forward_prefetch({&layers.child("1")});
+    const bool prefetch = std::string(phase) != "first";
     at_start.clear();
     mode = std::make_unique<comm::CommDebugMode>();
     at::Tensor loss = (*model)(make_input("transformer", 1)).sum();
     mode.reset();
     loss.backward();  // reshards everything, the root included
     ASSERT_EQ(at_start.size(), 2u);
-    EXPECT_EQ(at_start[0], 1) << "the root's gather precedes block 0";
-    EXPECT_EQ(at_start[1], prefetch ? 3 : 2) << (prefetch ? "block 1 was prefetched by block 0" : "no prefetch");
+    EXPECT_EQ(at_start[0], prefetch ? 2 : 1) << phase << ": gathers issued when block 0 starts";
+    EXPECT_EQ(at_start[1], prefetch ? 3 : 2) << phase << ": gathers issued when block 1 starts";
   }
 }
 
-// set_modules_to_backward_prefetch: block 0's all-gather for backward is issued when block 1's
+// Backward prefetch (implicit, or set_modules_to_backward_prefetch): block 0's all-gather for backward is issued when block 1's
 // backward starts (block 1's output gradient arrives), before block 1's backward computes.
 TDC_DIST_TEST(FSDPTest, BackwardPrefetchOrder, .world_size = 2) {
   conformance::world();
@@ -372,8 +399,10 @@ TDC_DIST_TEST(FSDPTest, BackwardPrefetchOrder, .world_size = 2) {
         });
         return std::nullopt;
       });
-  for (bool prefetch : {false, true}) {
-    if (prefetch) fsdp::as_fsdp(layers.child("1")).set_modules_to_backward_prefetch({&layers.child("0")});
+  // Without a list block 1 prefetches block 0 implicitly, as PyTorch ([Note: implicit prefetch]);
+  // with one, through the list.
+  for (bool explicit_list : {false, true}) {
+    if (explicit_list) fsdp::as_fsdp(layers.child("1")).set_modules_to_backward_prefetch({&layers.child("0")});
     at_block1_backward.clear();
     at::Tensor loss = (*model)(make_input("transformer", 1)).sum();
     mode = std::make_unique<comm::CommDebugMode>();
@@ -381,8 +410,9 @@ TDC_DIST_TEST(FSDPTest, BackwardPrefetchOrder, .world_size = 2) {
     const int64_t total = all_gathers(*mode);
     mode.reset();
     ASSERT_EQ(at_block1_backward.size(), 1u);
-    EXPECT_EQ(at_block1_backward[0], prefetch ? 2 : 1) << (prefetch ? "block 0 prefetched by block 1" : "no prefetch");
-    EXPECT_EQ(total, 2) << "each block is gathered once for backward either way";
+    EXPECT_EQ(at_block1_backward[0], 2) << "block 0 was not prefetched by block 1 (explicit list: " << explicit_list
+                                        << ")";
+    EXPECT_EQ(total, 2) << "each block is gathered once for backward";
   }
 }
 

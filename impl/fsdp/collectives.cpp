@@ -89,7 +89,13 @@ void foreach_all_gather_copy_out(AllGatherResult& result, std::vector<FSDPParam>
 std::vector<at::Tensor> foreach_reduce(std::vector<FSDPParam>& params, const std::vector<at::Tensor>& grads,
                                        const MeshInfo& mesh_info, std::optional<at::ScalarType> reduce_dtype,
                                        CollectiveChecks& checks) {
-  std::vector<at::Tensor> out(params.size());
+  ReduceScatterResult result = foreach_reduce_scatter(params, grads, mesh_info, reduce_dtype, checks, false);
+  return foreach_reduce_finish(result, params, mesh_info);
+}
+
+ReduceScatterResult foreach_reduce_scatter(std::vector<FSDPParam>& params, const std::vector<at::Tensor>& grads,
+                                           const MeshInfo& mesh_info, std::optional<at::ScalarType> reduce_dtype,
+                                           CollectiveChecks& checks, bool async_op) {
   std::map<at::ScalarType, std::vector<size_t>> by_dtype;
   for (size_t i = 0; i < params.size(); ++i) {
     FSDPParam& p = params[i];
@@ -98,7 +104,7 @@ std::vector<at::Tensor> foreach_reduce(std::vector<FSDPParam>& params, const std
     by_dtype[reduce_dtype.value_or(p.param_dtype())].push_back(i);
   }
   const int64_t n = mesh_info.shard_size;
-  const double world = static_cast<double>(mesh_info.data_parallel_size());
+  ReduceScatterResult result;
   for (auto& [dtype, idx] : by_dtype) {
     const int64_t total = padded_total(params, idx);
     // Copy-in: rank r's chunk of every gradient into row r, padded like the all-gather.
@@ -114,24 +120,38 @@ std::vector<at::Tensor> foreach_reduce(std::vector<FSDPParam>& params, const std
       }
       off += p.padded_numel();
     }
-    at::Tensor reduced;
-    comm::ScopedArgumentChecks scoped(checks.reduce_scatter ? false : comm::argument_checks());
+    at::Tensor reduced = n == 1 ? in.reshape({total}) : at::empty({total}, in.options());
+    result.argument_checks = checks.reduce_scatter ? false : comm::argument_checks();
+    comm::ScopedArgumentChecks scoped(result.argument_checks);
     checks.reduce_scatter = true;
-    if (n == 1) {
-      reduced = in.reshape({total});
-    } else {
-      reduced = at::empty({total}, in.options());
-      comm::reduce_scatter_tensor(reduced, in.reshape({-1}), comm::ReduceOp::SUM, mesh_info.shard_pg);
+    if (n > 1) {
+      comm::Work w =
+          comm::reduce_scatter_tensor(reduced, in.reshape({-1}), comm::ReduceOp::SUM, mesh_info.shard_pg, async_op);
+      if (async_op) result.work = chain(std::move(result.work), std::move(w));
     }
+    result.buckets.push_back({idx, in, reduced});
+  }
+  return result;
+}
+
+std::vector<at::Tensor> foreach_reduce_finish(ReduceScatterResult& result, std::vector<FSDPParam>& params,
+                                              const MeshInfo& mesh_info) {
+  result.work.wait();
+  comm::ScopedArgumentChecks scoped(result.argument_checks);
+  std::vector<at::Tensor> out(params.size());
+  const double world = static_cast<double>(mesh_info.data_parallel_size());
+  for (auto& bucket : result.buckets) {
+    at::Tensor& reduced = bucket.reduced;
     if (mesh_info.replicate_size > 1) comm::all_reduce(reduced, comm::ReduceOp::SUM, mesh_info.replicate_pg);
     if (world > 1) reduced.div_(world);
-    off = 0;
-    for (size_t i : idx) {
+    int64_t off = 0;
+    for (size_t i : bucket.params) {
       FSDPParam& p = params[i];
       out[i] = p.sharded_grad(reduced.narrow(0, off, p.shard_numel()));
       off += p.padded_numel();
     }
   }
+  result.buckets.clear();
   return out;
 }
 

@@ -48,4 +48,23 @@ std::vector<at::Tensor> foreach_reduce(std::vector<FSDPParam>& params, const std
                                        const MeshInfo& mesh_info, std::optional<at::ScalarType> reduce_dtype,
                                        CollectiveChecks& checks);
 
+// foreach_reduce in two halves, for a reduce-scatter that runs behind the rest of backward
+// ([Note: async reduce-scatter] in state.cpp): the copy-in and the collective (async or not), then
+// wait + all-reduce over the replicate dim + division + the shard gradients.
+struct ReduceScatterResult {
+  comm::Work work;
+  struct Bucket {
+    std::vector<size_t> params;  // indices into the group's parameters
+    at::Tensor input;            // [shard_size, sum(padded_numel)]: alive until the collective ends
+    at::Tensor reduced;          // [sum(padded_numel)]
+  };
+  std::vector<Bucket> buckets;
+  bool argument_checks = false;  // the replicate all-reduce is checked like the reduce-scatter
+};
+ReduceScatterResult foreach_reduce_scatter(std::vector<FSDPParam>& params, const std::vector<at::Tensor>& grads,
+                                           const MeshInfo& mesh_info, std::optional<at::ScalarType> reduce_dtype,
+                                           CollectiveChecks& checks, bool async_op);
+std::vector<at::Tensor> foreach_reduce_finish(ReduceScatterResult& result, std::vector<FSDPParam>& params,
+                                              const MeshInfo& mesh_info);
+
 }  // namespace tdc::fsdp

@@ -71,19 +71,30 @@ void ParamGroup::check_unmodified(const char* when) const {
   for (const auto& p : params_) p.check_unmodified(when);
 }
 
-std::vector<at::Tensor> ParamGroup::reduce_grads(const std::vector<at::Tensor>& grads) {
-  check_unmodified("backward");
-  if (!requires_gradient_sync) {
-    for (size_t i = 0; i < params_.size(); ++i) params_[i].accumulate_unsynced_grad(grads[i], mp_.reduce_dtype);
-    return std::vector<at::Tensor>(params_.size());
-  }
-  return foreach_reduce(params_, grads, mesh_info_, mp_.reduce_dtype, checks_);
-}
-
 void ParamGroup::reduce_unsynced_grads() {
   if (std::none_of(params_.begin(), params_.end(), [](const FSDPParam& p) { return p.has_unsynced_grad(); })) return;
   const std::vector<at::Tensor> none(params_.size());
-  std::vector<at::Tensor> shard_grads = foreach_reduce(params_, none, mesh_info_, mp_.reduce_dtype, checks_);
+  accumulate_into_shards(foreach_reduce(params_, none, mesh_info_, mp_.reduce_dtype, checks_));
+}
+
+void ParamGroup::reduce_grads_async(const std::vector<at::Tensor>& grads) {
+  check_unmodified("backward");
+  finish_reduce();
+  if (!requires_gradient_sync) {
+    for (size_t i = 0; i < params_.size(); ++i) params_[i].accumulate_unsynced_grad(grads[i], mp_.reduce_dtype);
+    return;
+  }
+  reduce_result_ = foreach_reduce_scatter(params_, grads, mesh_info_, mp_.reduce_dtype, checks_, /*async_op=*/true);
+}
+
+void ParamGroup::finish_reduce() {
+  if (!reduce_result_) return;
+  ReduceScatterResult result = std::move(*reduce_result_);
+  reduce_result_.reset();
+  accumulate_into_shards(foreach_reduce_finish(result, params_, mesh_info_));
+}
+
+void ParamGroup::accumulate_into_shards(const std::vector<at::Tensor>& shard_grads) {
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!shard_grads[i].defined()) continue;

@@ -46,9 +46,6 @@ class ParamGroup {
   void reset_sharded_params();
 
   // ---------------------------------------------------------------- forward / backward
-  // The gradients of one forward call's unsharded parameters -> shard gradients (or kept, under
-  // no_sync). Throws when a shard changed since the gather.
-  std::vector<at::Tensor> reduce_grads(const std::vector<at::Tensor>& grads);
   // Autograd nodes of this group whose backward has not run yet (one per forward call with grad):
   // a module called twice before backward reshards only after its last node ran, since the other
   // call's saved tensors alias the same unsharded storage.
@@ -61,6 +58,11 @@ class ParamGroup {
   void check_unmodified(const char* when) const;
   // Outside backward: reduces the gradients kept by no_sync and adds them to the shards' .grad.
   void reduce_unsynced_grads();
+  // [Note: async reduce-scatter] (state.cpp): issues the reduce-scatter of these gradients
+  // without waiting (under no_sync: keeps them, as reduce_grads); finish_reduce waits for it and
+  // adds the shard gradients to the shards' .grad. A no-op with nothing pending.
+  void reduce_grads_async(const std::vector<at::Tensor>& grads);
+  void finish_reduce();
 
   // ---------------------------------------------------------------- knobs (FSDPModule setters)
   bool reshard_after_forward = true;
@@ -69,6 +71,8 @@ class ParamGroup {
 
  private:
   bool up_to_date() const;
+  // Adds shard gradients to the shards' .grad as autograd's AccumulateGrad would.
+  void accumulate_into_shards(const std::vector<at::Tensor>& shard_grads);
 
   std::vector<FSDPParam> params_;
   MeshInfo mesh_info_;
@@ -77,6 +81,7 @@ class ParamGroup {
   std::string label_;
   ShardedState sharded_state_ = ShardedState::SHARDED;
   std::optional<AllGatherResult> all_gather_result_;  // set exactly while UNSHARDING
+  std::optional<ReduceScatterResult> reduce_result_;  // set from reduce_grads_async to finish_reduce
   int pending_nodes_ = 0;
   CollectiveChecks checks_;
 };

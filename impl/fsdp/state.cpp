@@ -123,12 +123,67 @@ void FSDPState::lazy_init() {
     s->label_ = label_of(fqn, *m);
     s->group_.set_label(s->label_);
     if (s.get() != this) s->is_root_ = false;
+    s->root_ = weak_from_this();
   }
 }
 
 void FSDPState::prefetch_unshard(const std::vector<nn::Module*>& modules) {
   for (nn::Module* m : modules) {
     if (auto s = state_of(*m)) s->group_.unshard(/*async_op=*/true);
+  }
+}
+
+// [Note: implicit prefetch] Without prefetch lists, FSDP issues a module's all-gather when that
+// module starts, and nothing else runs until it arrives. Like PyTorch's FSDP2 in backward, tdc
+// prefetches by default; in forward too, which PyTorch leaves to its CUDA streams (the all-gather
+// of block i+1 is queued while block i's kernels run), and which on a synchronous CPU backend has
+// to be an explicit async all-gather:
+// - forward: the root records the order in which states start forward with grad enabled. When a
+//   state starts at the same place as in the last iteration, the state that followed it then is
+//   gathered asynchronously before this one computes;
+// - backward: states are recorded at post-forward (with multiplicity, as PyTorch's
+//   post_forward_order); a state starting backward prefetches the one recorded just before its
+//   own latest record (the next to run backward).
+// Every rank runs the same modules in the same order (FSDP's premise), so every rank issues the
+// same collectives in the same order. A prefetched module that does not run is resharded at the
+// end of backward like any other. An explicit prefetch list replaces the implicit choice. The
+// values gathered are the same, so the numerics do not change; forward recompute (activation
+// checkpointing, inside backward) neither records nor prefetches.
+void FSDPState::record_pre_forward_and_prefetch() {
+  auto root = root_.lock();
+  if (!root || !at::GradMode::is_enabled() || backward_in_flight()) return;
+  if (root.get() == this) {
+    root->last_pre_forward_order_ = std::move(root->pre_forward_order_);
+    root->pre_forward_order_.clear();
+  }
+  std::vector<FSDPState*>& now = root->pre_forward_order_;
+  const std::vector<FSDPState*>& last = root->last_pre_forward_order_;
+  now.push_back(this);
+  const size_t at = now.size() - 1;
+  if (!forward_prefetch_.empty() || at + 1 >= last.size() || last[at] != this) return;
+  for (auto& w : root->tree_) {
+    auto s = w.lock();
+    if (s.get() == last[at + 1]) s->group_.unshard(/*async_op=*/true);
+  }
+}
+
+void FSDPState::record_post_forward() {
+  auto root = root_.lock();
+  if (!root || !at::GradMode::is_enabled() || backward_in_flight()) return;
+  post_forward_indices_.push_back(root->post_forward_order_.size());
+  root->post_forward_order_.push_back(this);
+}
+
+void FSDPState::implicit_backward_prefetch() {
+  auto root = root_.lock();
+  if (!root || !backward_prefetch_.empty() || post_forward_indices_.empty()) return;
+  const size_t at = post_forward_indices_.back();
+  post_forward_indices_.pop_back();
+  if (at == 0 || at > root->post_forward_order_.size()) return;
+  FSDPState* target = root->post_forward_order_[at - 1];
+  for (auto& w : root->tree_) {
+    auto s = w.lock();
+    if (s.get() == target) s->group_.unshard(/*async_op=*/true);
   }
 }
 
@@ -159,6 +214,7 @@ nn::Tensors FSDPState::pre_forward(nn::Tensors inputs) {
   if (mp.param_dtype && mp.cast_forward_inputs) inputs = cast_floating(std::move(inputs), *mp.param_dtype);
   group_.unshard();
   prefetch_unshard(forward_prefetch_);
+  record_pre_forward_and_prefetch();
   if (!group_.empty()) apply_unshard_function();
   return inputs;
 }
@@ -166,6 +222,7 @@ nn::Tensors FSDPState::pre_forward(nn::Tensors inputs) {
 nn::Tensors FSDPState::post_forward(nn::Tensors outputs) {
   check_state(label_, "post-forward", training_state_, {TrainingState::FORWARD});
   if (group_.reshard_after_forward && !is_root()) group_.finish_and_reshard();
+  record_post_forward();
   if (is_root() && group_.mp_policy().output_dtype) {
     outputs = cast_floating(std::move(outputs), *group_.mp_policy().output_dtype);
   }
@@ -187,18 +244,14 @@ nn::Tensors FSDPState::post_forward(nn::Tensors outputs) {
 void FSDPState::pre_backward() {
   check_state(label_, "pre-backward", training_state_,
               {TrainingState::IDLE, TrainingState::PRE_BACKWARD, TrainingState::POST_BACKWARD});
-  if (is_root() && !root_backward_queued_) {
-    root_backward_queued_ = true;
-    std::weak_ptr<FSDPState> weak = weak_from_this();
-    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
-      if (auto s = weak.lock()) s->root_post_backward();
-    });
-  }
+  if (is_root()) queue_root_post_backward();
+  const bool entering = training_state_ != TrainingState::PRE_BACKWARD;
   training_state_ = TrainingState::PRE_BACKWARD;
   if (group_.empty()) return;
   group_.check_unmodified("backward");
   group_.unshard();
   prefetch_unshard(backward_prefetch_);
+  if (entering) implicit_backward_prefetch();
 }
 
 std::vector<at::Tensor> FSDPState::post_backward(const std::vector<at::Tensor>& grads) {
@@ -207,16 +260,45 @@ std::vector<at::Tensor> FSDPState::post_backward(const std::vector<at::Tensor>& 
   check_state(label_, "post-backward (its backward computed with the unsharded parameters)", group_.sharded_state(),
               {ShardedState::UNSHARDED});
   training_state_ = TrainingState::POST_BACKWARD;
-  std::vector<at::Tensor> out = group_.reduce_grads(grads);
+  auto root = root_.lock();
+  if (root) {
+    if (auto previous = root->pending_reduce_.lock()) previous->group_.finish_reduce();
+    root->pending_reduce_ = weak_from_this();
+    root->queue_root_post_backward();
+  }
+  group_.reduce_grads_async(grads);
+  if (!root) group_.finish_reduce();
   if (group_.finish_pending_node() && group_.reshard_after_backward) group_.finish_and_reshard();
-  return out;
+  return std::vector<at::Tensor>(grads.size());  // [Note: async reduce-scatter]
+}
+
+// [Note: async reduce-scatter] A group's gradients are reduce-scattered while the backward of the
+// modules before it computes, as PyTorch's FSDP2 does on its reduce-scatter stream: post_backward
+// issues the collective (async work on the backend's threads) and returns no gradients to
+// autograd; the shard gradients are added to the shards' .grad (as autograd's AccumulateGrad
+// would: the first one taken, later ones added) when the collective is finished, which is at the
+// next group's post_backward (at most one reduce-scatter in flight, as in PyTorch) or at the
+// end of backward (root_post_backward), so every .grad is complete when backward() returns.
+// Every rank finishes and issues them in the same order. The values are the same as a blocking
+// reduce-scatter's: the same collective on the same buffers, then the same division.
+void FSDPState::queue_root_post_backward() {
+  if (root_backward_queued_) return;
+  root_backward_queued_ = true;
+  std::weak_ptr<FSDPState> weak = weak_from_this();
+  torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+    if (auto s = weak.lock()) s->root_post_backward();
+  });
 }
 
 void FSDPState::root_post_backward() {
   root_backward_queued_ = false;
+  post_forward_order_.clear();
+  pending_reduce_.reset();
   for (auto& w : tree_) {
     auto s = w.lock();
     if (!s) continue;
+    s->group_.finish_reduce();
+    s->post_forward_indices_.clear();
     s->training_state_ = TrainingState::IDLE;
     s->group_.clear_pending_nodes();  // nodes of unused outputs never run
     if (s->group_.reshard_after_backward) s->group_.finish_and_reshard();
@@ -243,6 +325,7 @@ ShardedCounts sharded_counts(const nn::Module& root) {
     const int n = static_cast<int>(s->group().params().size());
     counts.params += n;
     if (s->group().sharded_state() == ShardedState::UNSHARDED) counts.unsharded += n;
+    if (s->group().sharded_state() == ShardedState::UNSHARDING) counts.unsharding += n;
   }
   return counts;
 }

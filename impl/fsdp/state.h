@@ -47,8 +47,14 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
  private:
   void lazy_init();
   void root_post_backward();
-  // Issues async unshards of `modules` (explicit prefetch; tdc has no implicit prefetch).
+  void queue_root_post_backward();  // root only: root_post_backward at the end of this backward
+  // Issues async unshards of `modules` (explicit prefetch).
   static void prefetch_unshard(const std::vector<nn::Module*>& modules);
+  // [Note: implicit prefetch] (state.cpp): the forward / backward order this iteration records
+  // and the state it prefetches by default.
+  void record_pre_forward_and_prefetch();
+  void record_post_forward();
+  void implicit_backward_prefetch();
   static bool backward_in_flight();
   void apply_unshard_function();
 
@@ -58,6 +64,12 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   TrainingState training_state_ = TrainingState::IDLE;
   std::optional<bool> is_root_;                 // unset until lazy init
   std::vector<std::weak_ptr<FSDPState>> tree_;  // root only: every state under it (itself included)
+  std::weak_ptr<FSDPState> root_;               // set at lazy init (the root's is itself)
+  // Root only, [Note: implicit prefetch]: the states in pre-forward order, this iteration's and the
+  // last's, and in post-forward order (with multiplicity) since the last backward.
+  std::vector<FSDPState*> pre_forward_order_, last_pre_forward_order_, post_forward_order_;
+  std::vector<size_t> post_forward_indices_;  // this state's places in the root's post_forward_order_
+  std::weak_ptr<FSDPState> pending_reduce_;   // root only: the state whose reduce-scatter is in flight
   std::vector<nn::Module*> forward_prefetch_, backward_prefetch_;
   bool root_backward_queued_ = false;  // root only: its end-of-backward callback is queued
 };

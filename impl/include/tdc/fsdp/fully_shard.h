@@ -129,7 +129,8 @@ class FSDPModule {
   void set_reshard_after_backward(bool reshard_after_backward, bool recurse = true);
   void set_reshard_after_forward(bool reshard_after_forward, bool recurse = true);
   // Explicit prefetching: after this module's forward starts / backward starts, these modules'
-  // all-gathers are issued. (tdc has no implicit prefetching.)
+  // all-gathers are issued, in place of the implicit choice (the module that ran next in the
+  // last forward / runs backward next: [Note: implicit prefetch] in impl/fsdp/state.cpp).
   void set_modules_to_forward_prefetch(const std::vector<nn::Module*>& modules);
   void set_modules_to_backward_prefetch(const std::vector<nn::Module*>& modules);
   // Whether this backward is the last before the optimizer step. PyTorch uses it to skip waiting

@@ -22,6 +22,7 @@ void reset_peak_memory_stats();
 struct ShardedCounts {
   int params = 0;
   int unsharded = 0;
+  int unsharding = 0;  // gathers issued and not yet waited for (prefetched)
 };
 ShardedCounts sharded_counts(const nn::Module& root);
 
