@@ -363,6 +363,8 @@ std::map<std::string, double> previous_durations(const fs::path& results_json) {
   return out;
 }
 
+namespace {
+
 // A shard in flight, and how to name its next process if it has to be started again.
 struct Slot {
   std::unique_ptr<ShardRunner> runner;
@@ -484,6 +486,8 @@ class ShardLoop {
   std::vector<ShardOutcome> outcomes_;
   bool stop_ = false;
 };
+
+}  // namespace
 
 // Runs repeat `rep` of the plan, up to o.jobs processes at once; returns every process's outcome.
 // With --stop-on-failure no further shard starts once one reported a failing test, and those

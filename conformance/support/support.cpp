@@ -13,6 +13,7 @@
 #include "tdc/implementation.h"
 #include "tdc/harness/harness.h"
 #include "tdc/harness/implementation.h"
+#include "tdc/harness/phases.h"
 
 namespace tdc::conformance {
 
@@ -78,7 +79,9 @@ comm::GroupPtr world() {
   opts.backend = c.backend;
   opts.device_type = c.device_type;
   opts.name = "world";
+  harness::mark_phase(c.test_id, c.rank, "group_start");
   auto g = comm::init_process_group(c.store, c.rank, c.world_size, opts);
+  harness::mark_phase(c.test_id, c.rank, "group_end");
   made_for = c.test_id;
   return g;
 }

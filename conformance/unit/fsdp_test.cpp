@@ -269,7 +269,9 @@ TDC_DIST_TEST(FSDPTest, ReshardAfterForwardBoundsUnshardedMemory, .world_size = 
     for (size_t i = 0; i + 1 < counts.size(); ++i)
       EXPECT_EQ(counts[i].unsharding, block_params) << "block " << i << " did not prefetch the next one";
     EXPECT_EQ(counts.back().unsharding, 0) << "the last block has nothing to prefetch";
-    if (reshard) EXPECT_LE(fsdp::memory_stats().peak_unsharded_bytes - before, root_bytes + 2 * block_bytes);
+    if (reshard) {
+      EXPECT_LE(fsdp::memory_stats().peak_unsharded_bytes - before, root_bytes + 2 * block_bytes);
+    }
     loss.backward();
     EXPECT_EQ(fsdp::memory_stats().unsharded_bytes, before) << "after backward everything is resharded";
   });

@@ -20,6 +20,7 @@
 
 #include "internal.h"
 #include "tdc/harness/implementation.h"
+#include "tdc/harness/phases.h"
 
 namespace tdc::harness {
 
@@ -341,6 +342,7 @@ void write_rank_reports(EventSink& sink, int rank) {
 
 void run_rank(const RankContext& c, const std::function<void()>& body, EventSink& sink, int num_threads) {
   auto t0 = std::chrono::steady_clock::now();
+  mark_phase(c.test_id, c.rank, "rank_start");
   ContextScope scope(c);
   {
     RankReporter reporter(sink, c.rank);
@@ -362,6 +364,7 @@ void run_rank(const RankContext& c, const std::function<void()>& body, EventSink
         reset_rank_reports();  // one rank per process; the thread launcher resets before its threads
       }
       if (c.device.is_cuda()) c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(c.device);
+      mark_phase(c.test_id, c.rank, "body_start");
       body();
     } catch (const PeerLeft&) {
       peer_left = true;  // a peer failed or skipped and left; its own event explains the outcome
@@ -372,6 +375,7 @@ void run_rank(const RankContext& c, const std::function<void()>& body, EventSink
     } catch (...) {
       report_exception("(not a std::exception)");
     }
+    mark_phase(c.test_id, c.rank, "body_end");
     // Only "pass" makes a waiting peer's barrier fail loudly; the others explain themselves.
     mark_left(c, reporter.failed() || failed_by_exception ? "fail"
                  : reporter.skipped()                     ? "skip"

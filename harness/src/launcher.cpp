@@ -21,6 +21,7 @@
 
 #include "process.h"
 #include "tdc/harness/external_launcher.h"
+#include "tdc/harness/phases.h"
 
 namespace tdc::harness {
 
@@ -228,15 +229,18 @@ std::vector<std::string> rank_outputs(const Supervisor& sup, const Outcome& outc
 }
 
 Outcome launch_local(const LaunchSpec& spec, const std::function<void()>& body) {
-  const std::string temp_dir = make_temp_dir(spec.suite + "." + spec.name);
+  const std::string id = spec.suite + "." + spec.name;
+  const std::string temp_dir = make_temp_dir(id);
   Outcome outcome;
   std::vector<std::string> outputs;
+  mark_phase(id, -1, "launch");
   {
     Supervisor sup(spec, temp_dir);
     start_local_ranks(spec, temp_dir, sup, body);
     outcome = sup.run();
     outputs = rank_outputs(sup, outcome);
   }  // Supervisor: everything reaped
+  mark_phase(id, -1, "ranks_done");
   for (auto& o : outputs) std::fputs(o.c_str(), stdout);
   if (internal::settings().keep_temp) {
     std::printf("tdc: kept temp dir %s\n", temp_dir.c_str());
@@ -244,6 +248,7 @@ Outcome launch_local(const LaunchSpec& spec, const std::function<void()>& body) 
   } else {
     remove_temp_dir(temp_dir);
   }
+  mark_phase(id, -1, "cleaned");
   return outcome;
 }
 
