@@ -108,9 +108,9 @@ MutantBuilder::Built MutantBuilder::build(const Mutant& m, const fs::path& dir) 
     if (compile.compiled != source) {  // a unity TU: its copy includes the replacement instead
       input = dir / compile.compiled.filename();
       std::ifstream unity(compile.compiled);
-      std::ofstream out(input);
+      std::ofstream unity_copy(input);
       for (std::string line; std::getline(unity, line);)
-        out << (line == unity_include(source) ? unity_include(replacement) : line) << "\n";
+        unity_copy << (line == unity_include(source) ? unity_include(replacement) : line) << "\n";
     }
     std::string line = std::regex_replace(compile.line, depfile, "");
     const std::string object = object_of(line);
