@@ -161,10 +161,7 @@ void FSDPState::record_pre_forward_and_prefetch() {
   now.push_back(this);
   const size_t at = now.size() - 1;
   if (!forward_prefetch_.empty() || at + 1 >= last.size() || last[at] != this) return;
-  for (auto& w : root->tree_) {
-    auto s = w.lock();
-    if (s.get() == last[at + 1]) s->group_.unshard(/*async_op=*/true);
-  }
+  root->prefetch_in_tree(last[at + 1]);
 }
 
 void FSDPState::record_post_forward() {
@@ -180,8 +177,13 @@ void FSDPState::implicit_backward_prefetch() {
   const size_t at = post_forward_indices_.back();
   post_forward_indices_.pop_back();
   if (at == 0 || at > root->post_forward_order_.size()) return;
-  FSDPState* target = root->post_forward_order_[at - 1];
-  for (auto& w : root->tree_) {
+  root->prefetch_in_tree(root->post_forward_order_[at - 1]);
+}
+
+// The recorded orders hold plain pointers; a state is reached through the root's tree, so one
+// that is gone is never touched.
+void FSDPState::prefetch_in_tree(const FSDPState* target) {
+  for (auto& w : tree_) {
     auto s = w.lock();
     if (s.get() == target) s->group_.unshard(/*async_op=*/true);
   }

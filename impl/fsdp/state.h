@@ -55,6 +55,7 @@ class FSDPState : public std::enable_shared_from_this<FSDPState> {
   void record_pre_forward_and_prefetch();
   void record_post_forward();
   void implicit_backward_prefetch();
+  void prefetch_in_tree(const FSDPState* target);  // root only: an async unshard of `target`
   static bool backward_in_flight();
   void apply_unshard_function();
 
