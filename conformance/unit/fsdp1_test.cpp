@@ -524,6 +524,46 @@ TDC_DIST_TEST(FSDP1Test, ObserversAndHookCount, .world_size = 2) {
   EXPECT_EQ(as_params, 3);
 }
 
+// [Note: FSDP1 async prefetch] and [Note: FSDP1 async reduce-scatter]: with forward_prefetch, the
+// next unit's all-gather is in flight when a unit reshards after its forward (from the second
+// iteration, once the order is known); in backward, a unit's reduction is in flight when it
+// reshards; when backward() returns nothing is in flight and every gradient is there. Without
+// prefetching, nothing is gathered ahead.
+TDC_DIST_TEST(FSDP1Test, CommunicationOverlapsCompute, .world_size = 2) {
+  conformance::world();
+  for (bool prefetch : {true, false}) {
+    FSDPOptions o{.auto_wrap_policy = fsdp1::always_wrap_policy()};
+    o.forward_prefetch = prefetch;
+    o.backward_prefetch = prefetch ? std::optional{fsdp1::BackwardPrefetch::BACKWARD_PRE} : std::nullopt;
+    auto fsdp = FullyShardedDataParallel::make(make_mlp(), o);
+    const auto units = FullyShardedDataParallel::fsdp_modules(*fsdp);
+    bool in_backward = false;
+    int gathering_in_forward = 0, reducing_in_backward = 0;
+    fsdp1::testing::ScopedObservers obs({.before_reshard = [&](const FullyShardedDataParallel&) {
+      const auto now = fsdp1::testing::overlap_state(units);
+      if (!in_backward) gathering_in_forward = std::max(gathering_in_forward, now.unsharding);
+      if (in_backward) reducing_in_backward = std::max(reducing_in_backward, now.reducing);
+    }});
+    torch::optim::SGD opt(fsdp->params(), torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < 2; ++step) {
+      opt.zero_grad();
+      at::Tensor loss = (*fsdp)(make_input(step)).sum();
+      in_backward = true;
+      loss.backward();
+      in_backward = false;
+      const auto after = fsdp1::testing::overlap_state(units);
+      EXPECT_EQ(after.unsharding, 0) << "prefetch=" << prefetch << " step " << step;
+      EXPECT_EQ(after.reducing, 0) << "prefetch=" << prefetch << " step " << step;
+      for (auto* u : units) {
+        if (u->flat_param().defined()) EXPECT_TRUE(u->flat_param().grad().defined()) << "step " << step;
+      }
+      opt.step();
+    }
+    EXPECT_EQ(gathering_in_forward, prefetch ? 1 : 0) << "prefetch=" << prefetch;
+    EXPECT_EQ(reducing_in_backward, 1) << "prefetch=" << prefetch;  // at most one in flight
+  }
+}
+
 // ------------------------------------------------------------------ bad input
 
 TDC_DIST_TEST(FSDP1Test, BadInput, .world_size = 2) {

@@ -137,35 +137,70 @@ void FlatParamHandle::register_full(nn::Module& wrapped, const at::Tensor& full,
 
 // ------------------------------------------------------------------ unshard / reshard
 
-void FlatParamHandle::unshard() {
-  if (unsharded_valid_ && gathered_version_ == flat_param_._version()) {
+const char* to_string(UnshardState state) {
+  switch (state) {
+    case UnshardState::SHARDED:
+      return "SHARDED";
+    case UnshardState::UNSHARDING:
+      return "UNSHARDING";
+    case UnshardState::UNSHARDED:
+      return "UNSHARDED";
+  }
+  return "?";
+}
+
+void FlatParamHandle::set_unshard_state(UnshardState next, const char* action,
+                                        std::initializer_list<UnshardState> allowed) {
+  check_state(config_.label, action, unshard_state_, allowed);
+  unshard_state_ = next;
+}
+
+void FlatParamHandle::unshard(bool async_op) {
+  if (unshard_state_ == UnshardState::UNSHARDING) {
+    if (async_op) return;
+    wait_for_unshard();
+    notify_unsharded_views_by_state();
+    return;
+  }
+  if (unshard_state_ == UnshardState::UNSHARDED && gathered_version_ == flat_param_._version()) {
     notify_unsharded_views_by_state();  // PyTorch switches views on an unshard that gathers nothing too
     return;
   }
   const at::ScalarType dtype = compute_dtype();
   at::NoGradGuard no_grad;
+  gathered_version_ = flat_param_._version();
   if (!config_.sharded && dtype == param_dtype()) {
     unsharded_ = flat_param_.detach();  // NO_SHARD, full precision: the parameter itself
+    unshard_state_ = UnshardState::UNSHARDED;
   } else {
     at::Tensor shard = flat_param_.detach();
     if (shard.device() != config_.compute_device) shard = shard.to(config_.compute_device);
     if (shard.scalar_type() != dtype) shard = shard.to(dtype);  // the low-precision shard
     if (!config_.sharded) {
       unsharded_ = shard;
+      unshard_state_ = UnshardState::UNSHARDED;
     } else {
       if (!unsharded_.defined()) {
         unsharded_ = at::empty({padded_numel_}, shard.options());
       } else {
-        core::alloc_storage(unsharded_);
+        core::alloc_storage(unsharded_);  // a no-op for a stale UNSHARDED vector, gathered again in place
       }
       comm::ScopedArgumentChecks checks(!gather_checked_ && comm::argument_checks());
       gather_checked_ = true;
-      comm::all_gather_into_tensor(unsharded_, shard, config_.shard_pg);
+      pending_gather_ = comm::all_gather_into_tensor(unsharded_, shard, config_.shard_pg, /*async_op=*/true);
+      pending_gather_input_ = shard;
+      set_unshard_state(UnshardState::UNSHARDING, "unshard", {UnshardState::SHARDED, UnshardState::UNSHARDED});
     }
   }
-  unsharded_valid_ = true;
-  gathered_version_ = flat_param_._version();
   notify_unsharded_views_by_state();
+  if (!async_op) wait_for_unshard();
+}
+
+void FlatParamHandle::wait_for_unshard() {
+  if (unshard_state_ != UnshardState::UNSHARDING) return;
+  pending_gather_.wait();
+  pending_gather_input_ = at::Tensor();
+  set_unshard_state(UnshardState::UNSHARDED, "finish unshard", {UnshardState::UNSHARDING});
 }
 
 // [Note: which views an unshard exposes] PyTorch's _use_unpadded_unsharded_flat_param: with
@@ -184,8 +219,9 @@ void FlatParamHandle::notify_unsharded_views_by_state() const {
 }
 
 void FlatParamHandle::reshard() {
-  if (!unsharded_valid_) return;
-  unsharded_valid_ = false;
+  wait_for_unshard();  // never free storage a gather is still writing
+  if (unshard_state_ == UnshardState::SHARDED) return;
+  set_unshard_state(UnshardState::SHARDED, "reshard", {UnshardState::UNSHARDED});
   if (config_.sharded) {
     core::free_storage(unsharded_);
   } else {
@@ -213,9 +249,10 @@ std::pair<int64_t, int64_t> FlatParamHandle::slot_range_in_shard(size_t i) const
 }
 
 void FlatParamHandle::write_back(const at::Tensor& full) {
+  wait_for_unshard();  // a gather in flight reads the shard
   if (!config_.sharded) {
     // The full views were the parameter itself; a low-precision copy made before is stale now.
-    unsharded_valid_ = unsharded_valid_ && compute_dtype() == param_dtype();
+    if (compute_dtype() != param_dtype()) reshard();
     return;
   }
   at::NoGradGuard no_grad;
@@ -271,7 +308,8 @@ void FlatParamHandle::accumulate_unsharded(const at::Tensor& flat_grad) {
   }
 }
 
-void FlatParamHandle::reduce_and_accumulate(at::Tensor flat_grad) {
+void FlatParamHandle::reduce_and_accumulate(at::Tensor flat_grad, bool async_op) {
+  finish_reduce();
   at::NoGradGuard no_grad;
   if (grad_accum_.defined()) {
     flat_grad.add_(grad_accum_);
@@ -281,15 +319,32 @@ void FlatParamHandle::reduce_and_accumulate(at::Tensor flat_grad) {
   scale_if_needed(flat_grad, config_.predivide);
   comm::ScopedArgumentChecks checks(!reduce_checked_ && comm::argument_checks());
   reduce_checked_ = true;
-  at::Tensor reduced;
+  PendingReduce p;
+  p.input = flat_grad;
   if (config_.sharded) {
-    reduced = at::empty({shard_numel()}, flat_grad.options());
-    comm::reduce_scatter_tensor(reduced, flat_grad, comm::ReduceOp::SUM, config_.shard_pg);
+    p.reduced = at::empty({shard_numel()}, flat_grad.options());
+    p.work =
+        comm::reduce_scatter_tensor(p.reduced, flat_grad, comm::ReduceOp::SUM, config_.shard_pg, /*async_op=*/true);
   } else {
-    reduced = flat_grad.narrow(0, 0, numel_);
-    if (config_.shard_pg->size() > 1) comm::all_reduce(reduced, comm::ReduceOp::SUM, config_.shard_pg);
+    p.reduced = flat_grad.narrow(0, 0, numel_);
+    if (config_.shard_pg->size() > 1) {
+      p.work = comm::all_reduce(p.reduced, comm::ReduceOp::SUM, config_.shard_pg, /*async_op=*/true);
+    }
   }
+  pending_reduce_ = std::move(p);
+  if (!async_op) finish_reduce();
+}
+
+void FlatParamHandle::finish_reduce() {
+  if (!pending_reduce_) return;
+  PendingReduce p = std::move(*pending_reduce_);
+  pending_reduce_.reset();
+  at::NoGradGuard no_grad;
+  p.work.wait();
+  at::Tensor reduced = p.reduced;
   if (config_.replicate_pg && config_.replicate_pg->size() > 1) {
+    comm::ScopedArgumentChecks checks(!replicate_checked_ && comm::argument_checks());
+    replicate_checked_ = true;
     comm::all_reduce(reduced, comm::ReduceOp::SUM, config_.replicate_pg);
   }
   scale_if_needed(reduced, config_.postdivide);

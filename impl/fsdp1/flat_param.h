@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include "tdc/comm/collectives.h"
 #include "tdc/comm/process_group.h"
 #include "tdc/fsdp1/fully_sharded_data_parallel.h"
 #include "tdc/nn/module.h"
@@ -36,6 +37,16 @@ struct SharedSlot {
   std::string fqn;
   size_t primary = 0;  // index into the slots
 };
+
+// [Note: FSDP1 unshard lifecycle] (FSDP2's ShardedState, for one flat parameter)
+// SHARDED: only the shard exists (the unsharded vector's storage is freed). unshard(async) issues
+// the all-gather into the re-allocated unsharded vector and goes to UNSHARDING; wait_for_unshard()
+// finishes it: UNSHARDED. A sync unshard() does both; a sync unshard() while UNSHARDING waits for
+// the gather a prefetch issued ([Note: FSDP1 async prefetch], unit_state.cpp). reshard() while
+// UNSHARDING waits first, so storage is never freed under a collective still writing it. NO_SHARD
+// has no collective: its unshard goes straight to UNSHARDED.
+enum class UnshardState { SHARDED, UNSHARDING, UNSHARDED };
+const char* to_string(UnshardState state);
 
 struct HandleConfig {
   comm::GroupPtr shard_pg;      // the group the flat vector is sharded over
@@ -94,9 +105,12 @@ class FlatParamHandle {
   // summon_full_params: the original names hold `full` views (full precision), "_flat_param" hidden.
   void register_full(nn::Module& wrapped, const at::Tensor& full, bool with_grads);
 
-  // All-gathers the compute-dtype unsharded vector (no-op when it is current).
-  void unshard();
-  bool is_unsharded() const { return unsharded_valid_; }
+  // All-gathers the compute-dtype unsharded vector (no-op when it is current). async_op: returns
+  // with the gather in flight (UNSHARDING); wait_for_unshard() or a sync unshard() finishes it.
+  void unshard(bool async_op = false);
+  void wait_for_unshard();
+  UnshardState unshard_state() const { return unshard_state_; }
+  bool is_unsharded() const { return unshard_state_ != UnshardState::SHARDED; }
   // Frees the unsharded vector (sharded strategies; NO_SHARD drops its alias or low-precision copy).
   void reshard();
   // The full-precision padded flat vector, gathered fresh (summon_full_params, state dicts).
@@ -123,7 +137,11 @@ class FlatParamHandle {
   // no_sync: keeps the flat gradient unsharded, summed over backwards.
   void accumulate_unsharded(const at::Tensor& flat_grad);
   // Reduces (with any kept no_sync gradient) and adds the result to the sharded gradient.
-  void reduce_and_accumulate(at::Tensor flat_grad);
+  // async_op: returns with the reduce-scatter (NO_SHARD: all-reduce) in flight; finish_reduce()
+  // waits for it and does the rest ([Note: FSDP1 async reduce-scatter], unit_state.cpp).
+  void reduce_and_accumulate(at::Tensor flat_grad, bool async_op = false);
+  void finish_reduce();
+  bool reduce_pending() const { return pending_reduce_.has_value(); }
   // The sharded gradient, or undefined (use_orig_params: from the original parameters' grads).
   at::Tensor sharded_grad() const;
 
@@ -137,6 +155,7 @@ class FlatParamHandle {
   void notify_unsharded_views_by_state() const;
 
   void accumulate_sharded(const at::Tensor& new_shard_grad);
+  void set_unshard_state(UnshardState next, const char* action, std::initializer_list<UnshardState> allowed);
   void make_orig_views();
 
   std::vector<ParamSlot> slots_;
@@ -146,13 +165,22 @@ class FlatParamHandle {
   at::Tensor flat_param_;         // the shard (leaf)
   std::vector<at::Tensor> orig_;  // use_orig_params: the registered views of the shard
   at::Tensor unsharded_;          // padded, compute dtype; storage freed when resharded
-  bool unsharded_valid_ = false;
+  UnshardState unshard_state_ = UnshardState::SHARDED;
+  // Set exactly while UNSHARDING: the gather in flight and its input (kept alive until it ends).
+  comm::Work pending_gather_;
+  at::Tensor pending_gather_input_;
   int64_t gathered_version_ = -1;  // flat_param_'s version the unsharded vector was made from
-  at::Tensor grad_accum_;          // no_sync: unsharded flat gradient
+  // Set from an async reduce_and_accumulate to finish_reduce: the collective and its output.
+  struct PendingReduce {
+    comm::Work work;
+    at::Tensor input, reduced;
+  };
+  std::optional<PendingReduce> pending_reduce_;
+  at::Tensor grad_accum_;  // no_sync: unsharded flat gradient
   HandleTrainingState state_ = HandleTrainingState::IDLE;
   // [Note: FSDP's collectives skip the argument checks after the first] (fsdp/collectives.cpp):
   // a flat vector's collectives have the same layout at every step.
-  bool gather_checked_ = false, reduce_checked_ = false;
+  bool gather_checked_ = false, reduce_checked_ = false, replicate_checked_ = false;
 };
 
 }  // namespace tdc::fsdp1::detail

@@ -3,6 +3,8 @@
 
 #include "common.h"
 #include "flat_param.h"
+#include "tdc/fsdp1/fully_sharded_data_parallel.h"
+#include "unit_state.h"
 
 #include <torch/csrc/autograd/variable.h>
 
@@ -29,6 +31,17 @@ int pre_backward_hook_count(const at::Tensor& tensor) {
   if (!meta || !meta->cpp_hooks_list_) return 0;
   return static_cast<int>(std::count_if(meta->cpp_hooks_list_->begin(), meta->cpp_hooks_list_->end(),
                                         [](const auto& hook) { return static_cast<bool>(hook); }));
+}
+
+OverlapState overlap_state(const std::vector<FullyShardedDataParallel*>& units) {
+  OverlapState out;
+  for (const FullyShardedDataParallel* u : units) {
+    const auto* h = u->unit().handle();
+    if (h == nullptr) continue;
+    if (h->unshard_state() == fsdp1::detail::UnshardState::UNSHARDING) ++out.unsharding;
+    if (h->reduce_pending()) ++out.reducing;
+  }
+  return out;
 }
 
 namespace detail {

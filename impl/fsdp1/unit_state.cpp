@@ -304,10 +304,23 @@ void UnitState::finish_deferred_backward() {
   reduce_grads(grads);
 }
 
+// [Note: FSDP1 async reduce-scatter] As FSDP2's ([Note: async reduce-scatter], fsdp/state.cpp):
+// a unit's gradients are reduce-scattered while the backward of the units before it computes, as
+// PyTorch's FSDP1 does on its post-backward stream. The root keeps the one reduction in flight;
+// the next unit's post-backward finishes it (the rest of the reduction: the replicate group's
+// all-reduce, the post-divide, the cast, the add to the sharded .grad) before issuing its own, and
+// the root's end of backward finishes the last, so every .grad is complete when backward()
+// returns. Same collectives on the same buffers in the same order: the values do not change. A
+// backward the root's end-of-backward callback was not queued for (it did not pass through the
+// root's output) reduces synchronously.
 void UnitState::reduce_grads(const std::vector<at::Tensor>& grads) {
   at::Tensor flat_grad = handle_->flatten_grads(grads);
+  UnitState* root = root_ ? root_ : this;
   if (sync_gradients) {
-    handle_->reduce_and_accumulate(std::move(flat_grad));
+    root->finish_pending_reduce();
+    const bool async_op = root->end_of_backward_queued_;
+    handle_->reduce_and_accumulate(std::move(flat_grad), async_op);
+    if (async_op) root->pending_reduce_ = this;
   } else {
     handle_->accumulate_unsharded(flat_grad);
   }
@@ -315,6 +328,13 @@ void UnitState::reduce_grads(const std::vector<at::Tensor>& grads) {
   const bool reshard_strategy = options_.sharding_strategy == ShardingStrategy::FULL_SHARD ||
                                 options_.sharding_strategy == ShardingStrategy::HYBRID_SHARD;
   reshard(handle_->sharded() && (sync_gradients || reshard_strategy));
+}
+
+void UnitState::finish_pending_reduce() {
+  if (pending_reduce_ == nullptr) return;
+  UnitState* unit = pending_reduce_;
+  pending_reduce_ = nullptr;
+  unit->handle_->finish_reduce();
 }
 
 void UnitState::reshard(bool free) {
@@ -325,6 +345,11 @@ void UnitState::reshard(bool free) {
 // Forward (+1): the unit after this one in pre-forward order. Backward (-1): the unit before
 // this one in post-forward order, whose backward runs next. Only once the order is known (from the
 // second iteration on), and never a unit whose backward already ran.
+// [Note: FSDP1 async prefetch] A prefetch issues the all-gather and returns (the handle is
+// UNSHARDING, [Note: FSDP1 unshard lifecycle] in flat_param.h): the gather runs on the backend's
+// threads while this unit computes, as on PyTorch's unshard stream, and the prefetched unit's own
+// unshard (its pre-forward or pre-backward) waits for it. A prefetched unit whose forward or
+// backward does not come is waited for and resharded at the root's end of backward.
 void UnitState::prefetch(int direction) {
   UnitState* root = root_ ? root_ : this;
   if (!root->exec_order_frozen_) return;
@@ -342,20 +367,22 @@ void UnitState::prefetch(int direction) {
   const HandleTrainingState was = h.state();
   const HandleTrainingState as = direction > 0 ? HandleTrainingState::FORWARD : HandleTrainingState::BACKWARD_PRE;
   h.set_state(as, "prefetch", {was});
-  h.unshard();
+  h.unshard(/*async_op=*/true);  // [Note: FSDP1 async prefetch]
   h.set_state(was, "prefetch done", {as});
 }
 
 // [Note: FSDP1 end of backward] The root queues this when its first pre-backward hook fires:
 // every unit is resharded (units whose backward did not run included) and returns to IDLE.
 void UnitState::root_end_of_backward() {
-  end_of_backward_queued_ = false;
   for (UnitState* s : tree_) {
     if (s->handle_ && !s->backward_leaves_.empty()) s->finish_deferred_backward();
   }
+  end_of_backward_queued_ = false;
+  finish_pending_reduce();
   for (UnitState* s : tree_) {
     if (s->handle_) {
       auto* h = s->handle_.get();
+      h->wait_for_unshard();  // a prefetch whose unit did not run
       const bool keep = !s->sync_gradients && !(s->options_.sharding_strategy == ShardingStrategy::FULL_SHARD ||
                                                 s->options_.sharding_strategy == ShardingStrategy::HYBRID_SHARD);
       if ((!keep || !h->sharded()) && h->is_unsharded()) s->reshard(/*free=*/true);

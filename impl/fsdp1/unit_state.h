@@ -74,6 +74,7 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   void install_backward_leaves();
   void finish_deferred_backward();
   void reduce_grads(const std::vector<at::Tensor>& grads);
+  void finish_pending_reduce();  // root only: [Note: FSDP1 async reduce-scatter]
   std::vector<at::Tensor> backward_leaves_;
   std::vector<at::Tensor> deferred_grads_;
   // PyTorch's _reshard(state, handle, free): the reshard step after forward and after backward,
@@ -96,6 +97,7 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
   std::vector<UnitState*> pre_forward_order_, post_forward_order_;
   bool exec_order_frozen_ = false;
   bool end_of_backward_queued_ = false;
+  UnitState* pending_reduce_ = nullptr;  // root only: the unit whose reduction is in flight
 };
 
 }  // namespace tdc::fsdp1

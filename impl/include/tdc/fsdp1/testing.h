@@ -6,9 +6,11 @@
 //   FlatParamHandle._use_unsharded_views(as_params)         -> Observers::on_use_unsharded_views
 //   FSDP1's _reshard (patched to sleep before the free)     -> Observers::before_reshard
 //   len(output._backward_hooks)                             -> pre_backward_hook_count(output)
+//   (tdc's own) flat parameters by unshard state            -> overlap_state(units)
 #pragma once
 
 #include <functional>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -48,5 +50,14 @@ class ScopedObservers {
 // len(output._backward_hooks), read from the tensor's autograd metadata (every hook anyone
 // registered through Tensor::register_hook), not from a count FSDP1 keeps of its own.
 int pre_backward_hook_count(const at::Tensor& tensor);
+
+// How many of `units` have their all-gather in flight (UNSHARDING: [Note: FSDP1 async prefetch])
+// and their gradient reduction in flight ([Note: FSDP1 async reduce-scatter]); units without
+// parameters count in neither.
+struct OverlapState {
+  int unsharding = 0;
+  int reducing = 0;
+};
+OverlapState overlap_state(const std::vector<FullyShardedDataParallel*>& units);
 
 }  // namespace tdc::fsdp1::testing
