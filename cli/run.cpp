@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <fmt/ranges.h>
 
+#include "test_lists.h"
 #include "cli.h"
 #include "process.h"
 #include "progress.h"
@@ -435,6 +436,11 @@ std::vector<TestResult> list_tests(std::vector<Binary>& binaries, const Options&
                                                 b.path.string(), b.kind, o.build.string(), b.name)));
       continue;
     }
+    const fs::path cache = o.build / ".tdc-test-lists";  // [Note: test lists are cached]
+    if (auto listed = cached_test_list(cache, b.path, o.filter)) {
+      b.tests = parse_test_list(*listed);
+      continue;
+    }
     Captured c = capture({b.path.string(), "--gtest_list_tests", "--gtest_filter=" + o.filter}, true, 120);
     if (interrupted()) break;
     if (c.timed_out || !WIFEXITED(c.status) || WEXITSTATUS(c.status) != 0) {
@@ -446,6 +452,7 @@ std::vector<TestResult> list_tests(std::vector<Binary>& binaries, const Options&
       continue;
     }
     b.tests = parse_test_list(c.output);
+    store_test_list(cache, b.path, o.filter, c.output);
   }
   return records;
 }

@@ -564,6 +564,22 @@ TDC_DIST_TEST(FSDP1Test, CommunicationOverlapsCompute, .world_size = 2) {
   }
 }
 
+// [Note: FSDP1 checks its collectives once per tree]: ranks that wrap different models all throw
+// at the first forward, naming the unit and each rank's collective, instead of hanging in Gloo.
+TDC_DIST_TEST(FSDP1Test, RanksThatWrapDifferentModelsAllThrow, .world_size = 2) {
+  conformance::world();
+  at::manual_seed(0);
+  const int64_t hidden = ctx().rank == 0 ? 7 : 9;
+  auto model = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{std::make_shared<nn::Linear>(5, 7),
+                                                                           std::make_shared<nn::Linear>(7, hidden),
+                                                                           std::make_shared<nn::Linear>(hidden, 5)});
+  auto fsdp = FullyShardedDataParallel::make(model, {.auto_wrap_policy = fsdp1::always_wrap_policy()});
+  const std::string msg = error_of([&] { (*fsdp)(make_input(0)); });
+  EXPECT_THAT(msg, HasSubstr("would issue different collectives on group 'world' (size 2)"));
+  EXPECT_THAT(msg, HasSubstr("(unit '1' (Linear))"));
+  EXPECT_THAT(msg, HasSubstr("rank 0: all_gather Float[28] -> [56]; rank 1: all_gather Float[36] -> [72]"));
+}
+
 // ------------------------------------------------------------------ bad input
 
 TDC_DIST_TEST(FSDP1Test, BadInput, .world_size = 2) {

@@ -27,6 +27,7 @@
 #include "tdc/checkpoint/detail/safetensors.h"
 #include "tdc/checkpoint/checkpoint.h"
 #include "tdc/checkpoint/errors.h"
+#include "tdc/comm/gather_strings.h"
 
 namespace fs = std::filesystem;
 
@@ -214,7 +215,7 @@ SavePlan plan_collectively(const StateDict& state_dict, const comm::GroupPtr& gr
   std::random_device rd;
   mine["id"] = fmt::format("{:08x}{:08x}", rd(), rd());
   SavePlan p;
-  for (const auto& s : detail::all_gather_strings(mine.dump(), group)) p.ranks.push_back(nlohmann::json::parse(s));
+  for (const auto& s : comm::all_gather_strings(mine.dump(), group)) p.ranks.push_back(nlohmann::json::parse(s));
   for (size_t r = 0; r < p.ranks.size(); ++r) {
     if (p.ranks[r].contains("error")) {
       const std::string msg = p.ranks[r]["error"].get<std::string>();

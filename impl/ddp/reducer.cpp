@@ -3,9 +3,9 @@
 #include "reducer.h"
 
 #include "tdc/comm/argument_checks.h"
+#include "tdc/comm/gather_strings.h"
 #include "tdc/tensor/detail/layout.h"
 
-#include <cstring>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -132,19 +132,8 @@ void Reducer::check_and_broadcast() {
   if (!fp.empty()) fp.pop_back();
 
   const int n = group_->size();
-  at::Tensor len = at::full({1}, static_cast<int64_t>(fp.size()), at::kLong);
-  at::Tensor lens = at::empty({n}, at::kLong);
-  comm::all_gather_into_tensor(lens, len, group_);
-  const int64_t max_len = std::max<int64_t>(1, lens.max().item<int64_t>());
-  at::Tensor mine = at::zeros({max_len}, at::kByte);
-  std::memcpy(mine.data_ptr(), fp.data(), fp.size());
-  at::Tensor gathered = at::empty({n * max_len}, at::kByte);
-  comm::all_gather_into_tensor(gathered, mine, group_);
-
   std::vector<std::vector<Entry>> per_rank;
-  const auto* bytes = static_cast<const char*>(gathered.data_ptr());
-  for (int r = 0; r < n; ++r)
-    per_rank.push_back(parse_fingerprint(std::string(bytes + r * max_len, lens[r].item<int64_t>())));
+  for (const auto& s : comm::all_gather_strings(fp, group_)) per_rank.push_back(parse_fingerprint(s));
   size_t longest = 0;
   for (const auto& e : per_rank) longest = std::max(longest, e.size());
   for (size_t i = 0; i < longest; ++i) {
@@ -168,6 +157,7 @@ void Reducer::check_and_broadcast() {
                     who_, ref.kind, ref.name, i, fmt::join(ranks, "; ")));
   }
 
+  comm::ScopedArgumentChecks checks_off(false);  // every rank's dtypes and shapes were just compared
   broadcast_coalesced(all, group_);
 }
 

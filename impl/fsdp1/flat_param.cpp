@@ -185,8 +185,8 @@ void FlatParamHandle::unshard(bool async_op) {
       } else {
         core::alloc_storage(unsharded_);  // a no-op for a stale UNSHARDED vector, gathered again in place
       }
-      comm::ScopedArgumentChecks checks(!gather_checked_ && comm::argument_checks());
-      gather_checked_ = true;
+      const bool first = gathers_checked_.insert(dtype).second;
+      comm::ScopedArgumentChecks checks(first && comm::argument_checks());
       pending_gather_ = comm::all_gather_into_tensor(unsharded_, shard, config_.shard_pg, /*async_op=*/true);
       pending_gather_input_ = shard;
       set_unshard_state(UnshardState::UNSHARDING, "unshard", {UnshardState::SHARDED, UnshardState::UNSHARDED});
@@ -236,6 +236,10 @@ at::Tensor FlatParamHandle::gather_shard_shaped(const at::Tensor& shard) const {
   at::Tensor local = shard.detach();
   if (!config_.sharded) return local;  // NO_SHARD: already whole (the parameter's views write through)
   at::Tensor full = at::empty({padded_numel_}, local.options());
+  // [Note: FSDP's collectives skip the argument checks after the first]: the layout is the
+  // handle's; only the dtype can differ between calls (parameters, gradients, optimizer state).
+  const bool first = gathers_checked_.insert(local.scalar_type()).second;
+  comm::ScopedArgumentChecks checks(first && comm::argument_checks());
   comm::all_gather_into_tensor(full, local.contiguous(), config_.shard_pg);
   return full;
 }
@@ -342,7 +346,7 @@ void FlatParamHandle::finish_reduce() {
   at::NoGradGuard no_grad;
   p.work.wait();
   at::Tensor reduced = p.reduced;
-  if (config_.replicate_pg && config_.replicate_pg->size() > 1) {
+  if (reduces_over_replicas()) {
     comm::ScopedArgumentChecks checks(!replicate_checked_ && comm::argument_checks());
     replicate_checked_ = true;
     comm::all_reduce(reduced, comm::ReduceOp::SUM, config_.replicate_pg);
@@ -352,6 +356,35 @@ void FlatParamHandle::finish_reduce() {
   if (!keep_low && reduced.scalar_type() != param_dtype()) reduced = reduced.to(param_dtype());
   if (reduced.device() != flat_param_.device()) reduced = reduced.to(flat_param_.device());
   accumulate_sharded(reduced);
+}
+
+bool FlatParamHandle::reduces_over_replicas() const { return config_.replicate_pg && config_.replicate_pg->size() > 1; }
+
+std::vector<std::pair<comm::GroupPtr, std::string>> FlatParamHandle::collective_plan() const {
+  std::vector<std::pair<comm::GroupPtr, std::string>> plan;
+  const std::string reduce = c10::toString(reduce_dtype());
+  if (config_.sharded) {
+    for (at::ScalarType d : {compute_dtype(), param_dtype()}) {
+      plan.emplace_back(config_.shard_pg,
+                        fmt::format("all_gather {}[{}] -> [{}]", c10::toString(d), shard_numel(), padded_numel_));
+      if (compute_dtype() == param_dtype()) break;
+    }
+    plan.emplace_back(config_.shard_pg,
+                      fmt::format("reduce_scatter {}[{}] -> [{}]", reduce, padded_numel_, shard_numel()));
+  } else if (config_.shard_pg->size() > 1) {
+    plan.emplace_back(config_.shard_pg, fmt::format("all_reduce {}[{}]", reduce, numel_));
+  }
+  if (reduces_over_replicas()) {
+    plan.emplace_back(config_.replicate_pg,
+                      fmt::format("all_reduce {}[{}]", reduce, config_.sharded ? shard_numel() : numel_));
+  }
+  return plan;
+}
+
+void FlatParamHandle::mark_collectives_checked() {
+  if (config_.sharded) gathers_checked_.insert({compute_dtype(), param_dtype()});
+  reduce_checked_ = true;
+  replicate_checked_ = true;
 }
 
 // use_orig_params = false: into flat_param_.grad. true: the original parameters' grads are what

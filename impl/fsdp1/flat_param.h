@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -145,6 +146,12 @@ class FlatParamHandle {
   // The sharded gradient, or undefined (use_orig_params: from the original parameters' grads).
   at::Tensor sharded_grad() const;
 
+  // The collectives this handle issues, one line each ("all_gather float32[6] -> [12]"), with the
+  // group each runs on: what the root compares across ranks at lazy init. mark_collectives_checked()
+  // then lets them skip the per-call argument checks.
+  std::vector<std::pair<comm::GroupPtr, std::string>> collective_plan() const;
+  void mark_collectives_checked();
+
   // Tensors the optimizer sees for this handle (the flat shard, or the original views).
   std::vector<at::Tensor> optimizer_params() const;
 
@@ -155,6 +162,8 @@ class FlatParamHandle {
   void notify_unsharded_views_by_state() const;
 
   void accumulate_sharded(const at::Tensor& new_shard_grad);
+  // Hybrid strategies: the reduced gradient is all-reduced over the replicate group too.
+  bool reduces_over_replicas() const;
   void set_unshard_state(UnshardState next, const char* action, std::initializer_list<UnshardState> allowed);
   void make_orig_views();
 
@@ -180,7 +189,11 @@ class FlatParamHandle {
   HandleTrainingState state_ = HandleTrainingState::IDLE;
   // [Note: FSDP's collectives skip the argument checks after the first] (fsdp/collectives.cpp):
   // a flat vector's collectives have the same layout at every step.
-  bool gather_checked_ = false, reduce_checked_ = false, replicate_checked_ = false;
+  // shard-shaped all-gathers (unshard, gather_shard_shaped) by dtype; the reduction; the replicate
+  // group's all-reduce. Set by the first call, or for all at once by the root's lazy init
+  // ([Note: FSDP1 checks its collectives once per tree], unit_state.cpp).
+  mutable std::set<at::ScalarType> gathers_checked_;
+  bool reduce_checked_ = false, replicate_checked_ = false;
 };
 
 }  // namespace tdc::fsdp1::detail

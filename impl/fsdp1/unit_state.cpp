@@ -3,11 +3,14 @@
 #include "unit_state.h"
 
 #include "common.h"
+#include "tdc/comm/argument_checks.h"
+#include "tdc/comm/gather_strings.h"
 
 #include <algorithm>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/graph_task.h>
@@ -15,6 +18,18 @@
 namespace tdc::fsdp1 {
 
 namespace {
+
+// The lines of a plan exchanged by agree_collective_plans ('\n'-joined).
+std::vector<std::string> plan_lines(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size() && !text.empty()) {
+    const size_t end = std::min(text.find('\n', start), text.size());
+    out.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
 
 struct UnitRef : torch::CustomClassHolder {
   explicit UnitRef(std::shared_ptr<UnitState> s) : state(std::move(s)) {}
@@ -128,6 +143,64 @@ void UnitState::lazy_init() {
   }
   check_offloaded_devices();
   cast_root_buffers();
+  agree_collective_plans();
+}
+
+// [Note: FSDP1 checks its collectives once per tree] Instead of each flat parameter checking the
+// first call of each of its collectives across ranks ([Note: cross-rank argument checks]), the
+// root's lazy init compares what every flat parameter of the tree will issue (the all-gathers, the
+// reduction, the replicate group's all-reduce: dtype and sizes) in one exchange per process group,
+// groups in the order the tree first uses them. Every rank sees every rank's list, so ranks whose
+// trees differ all throw, naming the first unit that differs; otherwise the handles' collectives
+// skip the per-call checks, as they did after their first call.
+void UnitState::agree_collective_plans() {
+  if (!comm::argument_checks()) return;
+  struct GroupPlan {
+    comm::GroupPtr group;
+    std::vector<std::string> units, ops;
+  };
+  std::vector<GroupPlan> plans;
+  for (UnitState* s : tree_) {
+    if (!s->handle_) continue;
+    for (auto& [group, op] : s->handle_->collective_plan()) {
+      auto it = std::find_if(plans.begin(), plans.end(), [&](const GroupPlan& p) { return p.group == group; });
+      if (it == plans.end()) it = plans.insert(plans.end(), GroupPlan{group, {}, {}});
+      it->units.push_back(s->label_);
+      it->ops.push_back(op);
+    }
+  }
+  for (const auto& p : plans) {
+    const auto all = comm::all_gather_strings(fmt::format("{}", fmt::join(p.ops, "\n")), p.group);
+    const auto mine = fmt::format("{}", fmt::join(p.ops, "\n"));
+    if (std::all_of(all.begin(), all.end(), [&](const std::string& x) { return x == mine; })) continue;
+    throw_plan_mismatch(p.group, p.units, all);
+  }
+  for (UnitState* s : tree_) {
+    if (s->handle_) s->handle_->mark_collectives_checked();
+  }
+}
+
+void UnitState::throw_plan_mismatch(const comm::GroupPtr& group, const std::vector<std::string>& units,
+                                    const std::vector<std::string>& all) const {
+  std::vector<std::vector<std::string>> ops;
+  size_t longest = 0;
+  for (const auto& text : all) {
+    ops.push_back(plan_lines(text));
+    longest = std::max(longest, ops.back().size());
+  }
+  size_t i = 0;
+  while (i < longest &&
+         std::all_of(ops.begin(), ops.end(), [&](const auto& o) { return i < o.size() && o[i] == ops[0][i]; }))
+    ++i;
+  std::vector<std::string> per_rank;
+  for (size_t r = 0; r < ops.size(); ++r) {
+    per_rank.push_back(fmt::format("rank {}: {}", r, i < ops[r].size() ? ops[r][i] : "none"));
+  }
+  throw std::invalid_argument(fmt::format(
+      "FSDP1 root {}: the ranks' flat parameters would issue different collectives on group '{}' (size {}), "
+      "from its collective {} on (unit {}): {}. Every rank must wrap the same model the same way.",
+      label_, group->name(), group->size(), i + 1, i < units.size() ? units[i] : units.back(),
+      fmt::join(per_rank, "; ")));
 }
 
 void UnitState::check_offloaded_devices() const {

@@ -59,6 +59,9 @@ class UnitState : public std::enable_shared_from_this<UnitState> {
 
  private:
   void check_offloaded_devices() const;
+  void agree_collective_plans();  // [Note: FSDP1 checks its collectives once per tree]
+  [[noreturn]] void throw_plan_mismatch(const comm::GroupPtr& group, const std::vector<std::string>& units,
+                                        const std::vector<std::string>& all) const;
   void cast_root_buffers();
   void apply_unshard_node();
   void prefetch(int direction);  // +1: next in forward order, -1: the one whose backward is next

@@ -12,6 +12,7 @@
 #include "tdc/checkpoint/errors.h"
 #include "tdc/comm/collectives.h"
 #include "tdc/tensor/detail/layout.h"
+#include "tdc/comm/gather_strings.h"
 
 namespace tdc::checkpoint::detail {
 namespace {
@@ -126,7 +127,7 @@ std::vector<Assignment> stage(const std::string& who, const StateDict& targets, 
   }
   if (broadcast) {
     agree(who, error, "", world);
-    const auto lists = all_gather_strings(signature, world);  // rank 0's keys decide
+    const auto lists = comm::all_gather_strings(signature, world);  // rank 0's keys decide
     signature = lists[0];
     present.clear();
     for (size_t at = 0; at < signature.size();) {

@@ -30,6 +30,7 @@
 #include "tdc/fsdp1/fully_sharded_data_parallel.h"
 #include "tdc/fsdp1/optim_state.h"
 #include "tdc/tensor/module_params.h"
+#include "tdc/comm/gather_strings.h"
 
 namespace tdc::checkpoint {
 namespace {
@@ -298,7 +299,7 @@ std::function<void()> stage_optimizer(nn::Module& model, torch::optim::Optimizer
     const comm::GroupPtr world = resolve_group(nullptr);
     const bool rank0 = group_rank(world) == 0;
     agree("set_optimizer_state_dict", rank0 ? error : std::nullopt, "", world);
-    const auto dumps = all_gather_strings(rank0 && given_groups ? given_groups->dump() : "", world);
+    const auto dumps = comm::all_gather_strings(rank0 && given_groups ? given_groups->dump() : "", world);
     if (!rank0 && !dumps[0].empty()) {
       const auto j = nlohmann::json::parse(dumps[0]);
       group_updates.clear();

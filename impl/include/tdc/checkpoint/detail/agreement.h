@@ -17,8 +17,6 @@ comm::GroupPtr resolve_group(const comm::GroupPtr& group);
 int group_rank(const comm::GroupPtr& group);  // 0 without a group
 int group_size(const comm::GroupPtr& group);  // 1 without a group
 
-// Collective: every rank contributes a string; every rank gets all of them, in rank order.
-std::vector<std::string> all_gather_strings(const std::string& mine, const comm::GroupPtr& group);
 // Collective: every rank passes its error (nullopt when fine) and a signature of what it is about
 // to do collectively (e.g. the keys and kinds it will redistribute). If any rank has an error or
 // the signatures differ, every rank throws CheckpointError with `what`, the first failing rank's
