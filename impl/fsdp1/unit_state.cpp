@@ -170,8 +170,8 @@ void UnitState::agree_collective_plans() {
     }
   }
   for (const auto& p : plans) {
-    const auto all = comm::all_gather_strings(fmt::format("{}", fmt::join(p.ops, "\n")), p.group);
     const auto mine = fmt::format("{}", fmt::join(p.ops, "\n"));
+    const auto all = comm::all_gather_strings(mine, p.group);
     if (std::all_of(all.begin(), all.end(), [&](const std::string& x) { return x == mine; })) continue;
     throw_plan_mismatch(p.group, p.units, all);
   }
