@@ -555,7 +555,9 @@ TDC_DIST_TEST(FSDP1Test, CommunicationOverlapsCompute, .world_size = 2) {
       EXPECT_EQ(after.unsharding, 0) << "prefetch=" << prefetch << " step " << step;
       EXPECT_EQ(after.reducing, 0) << "prefetch=" << prefetch << " step " << step;
       for (auto* u : units) {
-        if (u->flat_param().defined()) EXPECT_TRUE(u->flat_param().grad().defined()) << "step " << step;
+        if (u->flat_param().defined()) {
+          EXPECT_TRUE(u->flat_param().grad().defined()) << "step " << step;
+        }
       }
       opt.step();
     }
