@@ -2,7 +2,7 @@
 // FSDP-sharded state dict at world sizes 2 and 4 (fork launcher, 1 ATen thread per rank), and the
 // disk's sequential write and read bandwidth measured with dd in the same directory.
 //
-//   tdc_bench_checkpoint --out FILE [--repeat N] [--mb MB] [--dir DIR]
+//   tdc_bench_checkpoint --out FILE [--repeat N] [--worlds 2|4|2,4] [--mb MB] [--dir DIR]
 //                                                 (or: ./tdc bench checkpoint --out FILE)
 //
 // `tdc bench checkpoint` runs this, then bench/pytorch/checkpoint_pytorch.py (PyTorch's DCP
@@ -72,7 +72,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
-const int kWorldSizes[] = {2, 4};
 constexpr int kDefaultMb = 256;
 constexpr int kLayers = 8;
 constexpr int64_t kCols = 1024;
@@ -421,7 +420,7 @@ struct Extra {
 
 Extra take_extra_args(int* argc, char** argv) {
   const std::string usage = fmt::format(
-      "usage: tdc_bench_checkpoint --out FILE [--repeat N] [--mb MB] [--dir DIR]\n"
+      "usage: tdc_bench_checkpoint --out FILE [--repeat N] [--worlds 2|4|2,4] [--mb MB] [--dir DIR]\n"
       "  N: timed calls per case (best counts; default 3); MB: tensor data in the state dict, 10^6 bytes "
       "(default {}); DIR: where the checkpoints and dd's files go (a temp dir under it; default: this program's "
       "directory, i.e. the build directory)",
@@ -468,7 +467,7 @@ Extra take_extra_args(int* argc, char** argv) {
 int main(int argc, char** argv) {
   const Extra extra = take_extra_args(&argc, argv);
   const tdc::bench::Args args =
-      tdc::bench::parse_args(argc, argv, "tdc_bench_checkpoint", 3, "timed calls per case, best counts");
+      tdc::bench::parse_args(argc, argv, "tdc_bench_checkpoint", 3, "timed calls per case, best counts", true);
   const int repeat = args.repeat;
   const std::vector<TensorShape> lay = layout(extra.mb);
   const int64_t bytes = total_bytes(lay);
@@ -499,7 +498,7 @@ int main(int argc, char** argv) {
 
   json cases = json::object();
   int done = 0;
-  for (int world : kWorldSizes) {
+  for (int world : args.worlds) {
     const std::string result = (tmp.path() / fmt::format("ws{}.json", world)).string();
     tdc::harness::LaunchSpec spec;
     spec.suite = "CheckpointBench";
@@ -508,7 +507,7 @@ int main(int argc, char** argv) {
     spec.launcher = tdc::harness::Launcher::Fork;
     // 3 calls of `bytes` per repeat at >= 10 MB/s, plus start-up.
     spec.timeout_s = 120 + 3.0 * repeat * static_cast<double>(bytes) / 10e6;
-    const std::string label = fmt::format("[tdc {}/{}] save + load, world {}", ++done, std::size(kWorldSizes), world);
+    const std::string label = fmt::format("[tdc {}/{}] save + load, world {}", ++done, args.worlds.size(), world);
     fmt::print(stderr, "{} ... ", label);
     const auto t0 = Clock::now();
     const tdc::harness::Outcome o = tdc::harness::launch(spec, [&] { run_case(lay, repeat, data->path(), result); });
@@ -542,7 +541,7 @@ int main(int argc, char** argv) {
         {"total_bytes", bytes},
         {"mb_requested", extra.mb},
         {"layout", "DTensor Shard(0) over a 1-D mesh of the world, FSDP2's rows (ceil(rows / world) per rank)"}}},
-      {"world_sizes", kWorldSizes},
+      {"world_sizes", args.worlds},
       {"repeat", repeat},
       {"timing",
        "each call from the end of a barrier to its return, slowest rank (all-reduce MAX); best over repeats; MB = "

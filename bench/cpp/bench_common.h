@@ -130,14 +130,25 @@ inline bool write_result(const std::string& program, const std::string& out_path
 struct Args {
   std::string out;
   int repeat = 0;
+  std::vector<int> worlds{2, 4};  // --worlds: the world (pp) sizes to run, a subset of 2,4
 };
 
-// Initialises the harness (its --tdc_* flags) and parses --out FILE [--repeat N]. Exits 2 with
-// the program's usage on a bad argument, 0 after --help.
+// --worlds' value: "2", "4" or "2,4" (the sizes every benchmark's models and batches are laid
+// out for); empty when it is anything else.
+inline std::vector<int> parse_worlds(const std::string& v) {
+  if (v == "2") return {2};
+  if (v == "4") return {4};
+  if (v == "2,4") return {2, 4};
+  return {};
+}
+
+// Initialises the harness (its --tdc_* flags) and parses --out FILE [--repeat N] (and, where
+// `takes_worlds`, [--worlds 2|4|2,4]). Exits 2 with the program's usage on a bad argument, 0
+// after --help.
 inline Args parse_args(int argc, char** argv, const std::string& program, int default_repeat,
-                       const std::string& repeat_meaning) {
-  const std::string usage =
-      fmt::format("usage: {} --out FILE [--repeat N]   (N {}, default {})", program, repeat_meaning, default_repeat);
+                       const std::string& repeat_meaning, bool takes_worlds = false) {
+  const std::string usage = fmt::format("usage: {} --out FILE [--repeat N]{}   (N {}, default {})", program,
+                                        takes_worlds ? " [--worlds 2|4|2,4]" : "", repeat_meaning, default_repeat);
   auto fail = [&](const std::string& what) {
     fmt::print(stderr, "{}: error: {}\n{}\n", program, what, usage);
     std::exit(2);
@@ -163,6 +174,10 @@ inline Args parse_args(int argc, char** argv, const std::string& program, int de
       if (v.empty() || *end || n < 1 || n > 100000)
         fail(fmt::format("--repeat must be a positive integer, got '{}'", v));
       a.repeat = static_cast<int>(n);
+    } else if (takes_worlds && (arg == "--worlds" || arg.rfind("--worlds=", 0) == 0)) {
+      std::string v = value("--worlds");
+      a.worlds = parse_worlds(v);
+      if (a.worlds.empty()) fail(fmt::format("--worlds must be 2, 4 or 2,4, got '{}'", v));
     } else if (arg == "-h" || arg == "--help") {
       fmt::print("{}\n", usage);
       std::exit(0);

@@ -1,7 +1,7 @@
 // DDP benchmark: step time of DistributedDataParallel against single-process training on the same
 // global batch, for two models at world sizes 2 and 4 (fork launcher, 1 ATen thread per rank).
 //
-//   tdc_bench_ddp --out FILE [--repeat N]         (or: ./tdc bench ddp --out FILE)
+//   tdc_bench_ddp --out FILE [--repeat N] [--worlds 2|4|2,4]   (or: ./tdc bench ddp --out FILE)
 //
 // A step is forward + loss (MSE / token cross-entropy) + backward + SGD update. The single-process case
 // runs the whole global batch in one process (a world of 1, no DDP); a DDP case runs world_size
@@ -44,7 +44,6 @@ using json = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kWarmup = 2;
-const int kWorldSizes[] = {2, 4};
 
 // The benchmark models: fixtures::MLPStack(256) (MSE on [B, 256]) and fixtures::Transformer
 // (dim 128, 2 blocks, vocab 512, sequence 64, no dropout; token cross-entropy on [B, 64]).
@@ -112,13 +111,13 @@ void run_case(const ModelCase& m, bool use_ddp, int repeat, const std::string& r
 }  // namespace
 
 int main(int argc, char** argv) {
-  const tdc::bench::Args args = tdc::bench::parse_args(argc, argv, "tdc_bench_ddp", 10, "timed steps per case");
+  const tdc::bench::Args args = tdc::bench::parse_args(argc, argv, "tdc_bench_ddp", 10, "timed steps per case", true);
   const std::string& out_path = args.out;
   const int repeat = args.repeat;
 
   const tdc::bench::TempDir tmp("tdc-bench-ddp");
   const fs::path& dir = tmp.path();
-  const int total = static_cast<int>(std::size(kModels) * (1 + std::size(kWorldSizes)));
+  const int total = static_cast<int>(std::size(kModels) * (1 + args.worlds.size()));
   int done = 0;
   auto bench_start = Clock::now();
   std::string started_at = tdc::harness::iso_now();
@@ -149,7 +148,7 @@ int main(int argc, char** argv) {
     }
     double single_ms = (*single)["step_ms"].get<double>();
     models[m.name] = {{"global_batch", m.global_batch}, {"params", (*single)["params"]}, {"single_step_ms", single_ms}};
-    for (int world : kWorldSizes) {
+    for (int world : args.worlds) {
       auto d = run(m, world, true);
       if (!d) {
         ok = false;
@@ -169,7 +168,7 @@ int main(int argc, char** argv) {
   json out = {
       {"cases", cases},
       {"models", models},
-      {"world_sizes", kWorldSizes},
+      {"world_sizes", args.worlds},
       {"repeat", repeat},
       {"warmup", kWarmup},
       {"launcher", "fork"},

@@ -4,7 +4,7 @@
 // training on the same global batch, for two models at world sizes 2 and 4 (fork launcher, 1 ATen
 // thread per rank).
 //
-//   tdc_bench_fsdp --out FILE [--repeat N] [--fsdp1]   (or: ./tdc bench fsdp|fsdp1 --out FILE)
+//   tdc_bench_fsdp --out FILE [--repeat N] [--worlds 2|4|2,4] [--fsdp1]   (or: ./tdc bench fsdp|fsdp1 --out FILE)
 //
 // `tdc bench fsdp` (`fsdp1`) runs this, then bench/pytorch/fsdp_pytorch.py (PyTorch's own
 // fully_shard, or with --fsdp1 its FullyShardedDataParallel, on the same models, batches and step)
@@ -57,7 +57,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kWarmup = 3;
 constexpr double kLr = 1e-3;
-const int kWorldSizes[] = {2, 4};
 
 // The benchmark models (the PyTorch runner builds the same ones, see bench/pytorch/fsdp_pytorch.py):
 // fixtures::MLPStack(256) (MSE on [B, 256]) and fixtures::Transformer (dim 128, 2 blocks, 4 heads,
@@ -192,14 +191,14 @@ bool take_fsdp1_flag(int* argc, char** argv) {
 
 int main(int argc, char** argv) {
   g_fsdp1 = take_fsdp1_flag(&argc, argv);
-  const tdc::bench::Args args =
-      tdc::bench::parse_args(argc, argv, "tdc_bench_fsdp", 10, "timed steps per case; --fsdp1: time FSDP1, not FSDP2");
+  const tdc::bench::Args args = tdc::bench::parse_args(argc, argv, "tdc_bench_fsdp", 10,
+                                                       "timed steps per case; --fsdp1: time FSDP1, not FSDP2", true);
   const std::string& out_path = args.out;
   const int repeat = args.repeat;
 
   const tdc::bench::TempDir tmp("tdc-bench-fsdp");
   const fs::path& dir = tmp.path();
-  const int total = static_cast<int>(std::size(kModels) * (1 + 3 * std::size(kWorldSizes)));
+  const int total = static_cast<int>(std::size(kModels) * (1 + 3 * args.worlds.size()));
   int done = 0;
   auto bench_start = Clock::now();
   std::string started_at = tdc::harness::iso_now();
@@ -233,7 +232,7 @@ int main(int argc, char** argv) {
                       {"params", (*single)["params"]},
                       {"single_step_ms", single_ms},
                       {"config", m.config}};
-    for (int world : kWorldSizes) {
+    for (int world : args.worlds) {
       auto d = run(m, world, Mode::Ddp);
       auto f = d ? run(m, world, Mode::Fsdp) : std::nullopt;
       auto fn = f ? run(m, world, Mode::FsdpNoChecks) : std::nullopt;
@@ -253,7 +252,7 @@ int main(int argc, char** argv) {
   json out = {
       {"cases", cases},
       {"models", models},
-      {"world_sizes", kWorldSizes},
+      {"world_sizes", args.worlds},
       {"repeat", repeat},
       {"warmup", kWarmup},
       {"fsdp", g_fsdp1 ? "FSDP1" : "FSDP2"},

@@ -2,7 +2,7 @@
 // PipelineScheduleRuntime) for the five seed schedules at pp 2 and 4, on plain stages of an 8-layer
 // MLP (fork launcher, 1 ATen thread per rank).
 //
-//   tdc_bench_pipelining --out FILE [--repeat N]        (or: ./tdc bench pipelining --out FILE)
+//   tdc_bench_pipelining --out FILE [--repeat N] [--worlds 2|4|2,4]   (or: ./tdc bench pipelining --out FILE)
 //
 // `tdc bench pipelining` runs this, then bench/pytorch/pipelining_pytorch.py (PyTorch's own
 // torch.distributed.pipelining on the same model, batch, placement and step) and merges both into
@@ -57,7 +57,6 @@ constexpr int64_t kHidden = 512;
 constexpr int64_t kBatch = 64;
 constexpr int kMicrobatches = 8;
 constexpr int kStagesPerRankMulti = 2;
-const int kPpSizes[] = {2, 4};
 const ScheduleKind kSchedules[] = {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved1F1B,
                                    ScheduleKind::LoopedBFS, ScheduleKind::InterleavedZeroBubble};
 
@@ -145,17 +144,18 @@ void run_case(ScheduleKind kind, int repeat, const std::string& result) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const tdc::bench::Args args = tdc::bench::parse_args(argc, argv, "tdc_bench_pipelining", 10, "timed steps per case");
+  const tdc::bench::Args args =
+      tdc::bench::parse_args(argc, argv, "tdc_bench_pipelining", 10, "timed steps per case", true);
   const tdc::bench::TempDir tmp("tdc-bench-pipelining");
   const fs::path& dir = tmp.path();
-  const int total = static_cast<int>(std::size(kPpSizes) * std::size(kSchedules));
+  const int total = static_cast<int>(args.worlds.size() * std::size(kSchedules));
   int done = 0;
   auto bench_start = Clock::now();
   std::string started_at = tdc::harness::iso_now();
 
   json cases = json::object();
   int64_t params = 0;
-  for (int pp : kPpSizes) {
+  for (int pp : args.worlds) {
     for (ScheduleKind kind : kSchedules) {
       const std::string name(pipelining::schedule_name(kind));
       const std::string result = (dir / fmt::format("{}-{}.json", name, pp)).string();
@@ -189,7 +189,7 @@ int main(int argc, char** argv) {
         {"n_microbatches", kMicrobatches},
         {"layer", "test_composability.py's MLPModule: net1 Linear(H, H), ReLU, net2 Linear(H, H)"},
         {"loss", "cross_entropy(y, soft target) * 1e-4"}}},
-      {"pp_sizes", kPpSizes},
+      {"pp_sizes", args.worlds},
       {"schedules", schedules},
       {"placement",
        "single-stage schedules: stage r on rank r; multi-stage: 2 stages per rank, stage r + pp * i; 8 / num_stages "

@@ -27,6 +27,9 @@ const std::vector<OptionSpec> kBenchOptions = {
      "harness: timed launches per case and launcher (default 20; the smoke test "
      "uses 3); ddp, fsdp, fsdp1, pipelining: timed steps per case (default 10); checkpoint: "
      "timed save/load calls per case, the best counts (default 3)"},
+    {"worlds", "LIST",
+     "ddp, fsdp, fsdp1, checkpoint: the world sizes; pipelining: the pp sizes; 2, 4 or 2,4 (default 2,4; "
+     "the smoke tests use 2)"},
     {"build-dir", "DIR", "build directory (default $TDC_BUILD)"},
     {"rounds", "N",
      "fsdp, fsdp1, checkpoint, pipelining: rounds of (tdc side, PyTorch side), order alternating; "
@@ -43,11 +46,12 @@ const std::vector<OptionSpec> kBenchOptions = {
 
 constexpr const char* kBenchUsage =
     "usage: tdc bench harness [--out FILE] [--repeat N]\n"
-    "       tdc bench ddp [--out FILE] [--repeat N]\n"
-    "       tdc bench fsdp [--out FILE] [--repeat N] [--rounds R] [--python PY]\n"
-    "       tdc bench fsdp1 [--out FILE] [--repeat N] [--rounds R] [--python PY]\n"
-    "       tdc bench checkpoint [--out FILE] [--repeat N] [--rounds R] [--mb MB] [--dir DIR] [--python PY]\n"
-    "       tdc bench pipelining [--out FILE] [--repeat N] [--rounds R] [--python PY]\n\n"
+    "       tdc bench ddp [--out FILE] [--repeat N] [--worlds LIST]\n"
+    "       tdc bench fsdp [--out FILE] [--repeat N] [--worlds LIST] [--rounds R] [--python PY]\n"
+    "       tdc bench fsdp1 [--out FILE] [--repeat N] [--worlds LIST] [--rounds R] [--python PY]\n"
+    "       tdc bench checkpoint [--out FILE] [--repeat N] [--worlds LIST] [--rounds R] [--mb MB] [--dir DIR]\n"
+    "                            [--python PY]\n"
+    "       tdc bench pipelining [--out FILE] [--repeat N] [--worlds LIST] [--rounds R] [--python PY]\n\n"
     "harness: times tdc::harness::launch() for 4-rank tests (cases 'empty' and 'all_reduce',\n"
     "launchers fork and thread): wall time per test including process/thread start, rendezvous,\n"
     "body and teardown. JSON: docs/results-schema.md, 'Harness benchmark'.\n"
@@ -122,6 +126,9 @@ int bench_command(const std::vector<std::string>& args) {
         "bench: --python and --rounds are options of 'tdc bench fsdp', 'fsdp1', 'checkpoint' and 'pipelining' only");
   if (!bench->checkpoint_options && (a.get("mb") || a.get("dir")))
     throw UsageError("bench: --mb and --dir are options of 'tdc bench checkpoint' only");
+  if (name == "harness" && a.get("worlds"))
+    throw UsageError("bench: --worlds is not an option of 'tdc bench harness' (its tests have 4 ranks)");
+  bench::worlds_option(a);  // refuses a bad value before anything runs
   const fs::path build = resolve_build_dir(a.get("build-dir"));
   const fs::path out = fs::absolute(a.get("out").value_or(fmt::format("results/bench-{}.json", name)));
   std::optional<int> repeat;

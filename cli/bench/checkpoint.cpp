@@ -203,12 +203,14 @@ int bench_checkpoint(const ParsedArgs& a, const fs::path& build, const fs::path&
   const fs::path dir = fs::absolute(a.get("dir").value_or(build.string()));
   if (!fs::is_directory(dir))
     throw UsageError(fmt::format("bench checkpoint: --dir '{}' is not a directory", dir.string()));
-  const std::vector<std::string> args{"--mb", std::to_string(mb), "--dir", dir.string()};
+  std::vector<std::string> tdc_args{"--mb", std::to_string(mb), "--dir", dir.string()};
+  std::vector<std::string> python_args = tdc_args;
+  add_worlds(a, tdc_args, python_args);
   const Rounds spec{.name = "checkpoint",
                     .repeat = repeat.value_or(3),
                     .rounds = a.get("rounds") ? parse_positive_int("bench", "rounds", *a.get("rounds")) : 2,
-                    .tdc_args = args,
-                    .python_args = args,
+                    .tdc_args = tdc_args,
+                    .python_args = python_args,
                     .merge = merge_checkpoint,
                     .combine = combine_checkpoint_rounds,
                     .print = print_checkpoint};

@@ -36,9 +36,11 @@ int print_ddp(const json& j, const fs::path& out) {
 
 }  // namespace
 
-int bench_ddp(const ParsedArgs&, const fs::path& build, const fs::path& out, std::optional<int> repeat) {
+int bench_ddp(const ParsedArgs& a, const fs::path& build, const fs::path& out, std::optional<int> repeat) {
   int status = kExitOk;
-  std::optional<json> j = run_benchmark(build, "tdc_bench_ddp", out, repeat, &status);
+  std::vector<std::string> tdc_args, unused;
+  add_worlds(a, tdc_args, unused);
+  std::optional<json> j = run_benchmark(build, "tdc_bench_ddp", out, repeat, &status, tdc_args);
   return j ? print_ddp(*j, out) : status;
 }
 

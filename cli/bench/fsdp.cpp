@@ -167,6 +167,7 @@ int bench_fsdp(const ParsedArgs& a, const fs::path& build, const fs::path& out, 
     tdc_args.push_back("--fsdp1");
     python_args.push_back("--fsdp1");
   }
+  add_worlds(a, tdc_args, python_args);
   const Rounds spec{
       .name = name,
       .program = "fsdp",

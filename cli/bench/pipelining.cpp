@@ -145,11 +145,14 @@ int print_pipelining(const ojson& j, const fs::path& out, const fs::path& png) {
 
 int bench_pipelining(const ParsedArgs& a, const fs::path& build, const fs::path& out, std::optional<int> repeat) {
   const PythonSide py = python_side(a, build, "pipelining");
+  std::vector<std::string> tdc_args, python_args{"--warmup", std::to_string(kPipeliningWarmup)};
+  add_worlds(a, tdc_args, python_args, "--pp-sizes");
   const Rounds spec{
       .name = "pipelining",
       .repeat = repeat.value_or(10),
       .rounds = a.get("rounds") ? parse_positive_int("bench", "rounds", *a.get("rounds")) : 3,
-      .python_args = {"--warmup", std::to_string(kPipeliningWarmup)},
+      .tdc_args = tdc_args,
+      .python_args = python_args,
       .merge =
           [](const ojson& t, const fs::path& tf, const ojson& p, const fs::path& pf) {
             if (t.value("warmup", -1) != kPipeliningWarmup)

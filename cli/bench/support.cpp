@@ -123,6 +123,21 @@ PythonSide python_side(const ParsedArgs& a, const fs::path& build, const std::st
   return side;
 }
 
+std::optional<std::string> worlds_option(const ParsedArgs& a) {
+  std::optional<std::string> v = a.get("worlds");
+  if (v && *v != "2" && *v != "4" && *v != "2,4")
+    throw UsageError(fmt::format("bench: --worlds must be 2, 4 or 2,4, got '{}'", *v));
+  return v;
+}
+
+void add_worlds(const ParsedArgs& a, std::vector<std::string>& tdc_args, std::vector<std::string>& python_args,
+                const std::string& python_flag) {
+  if (std::optional<std::string> w = worlds_option(a)) {
+    tdc_args.insert(tdc_args.end(), {"--worlds", *w});
+    python_args.insert(python_args.end(), {python_flag, *w});
+  }
+}
+
 // The merged JSON, atomically (temp name, then rename).
 void write_merged(const fs::path& out, const ojson& merged) {
   const fs::path tmp = out.string() + ".tmp";

@@ -36,6 +36,16 @@ double number_in(const nlohmann::ordered_json& j, const std::filesystem::path& f
 
 double median_of(std::vector<double> v);
 
+// --worlds of ddp, fsdp, fsdp1, checkpoint and pipelining: the world (pp) sizes to run, "2", "4" or
+// "2,4" (the sizes their models and batches are laid out for); nullopt when not given. Throws
+// UsageError naming the value otherwise. The tdc binary takes it as --worlds, the PyTorch runner
+// as --world-sizes (pipelining: --pp-sizes).
+std::optional<std::string> worlds_option(const ParsedArgs& a);
+// Appends --worlds to both sides' arguments when it was given (`python_flag`: the runner's name
+// for it).
+void add_worlds(const ParsedArgs& a, std::vector<std::string>& tdc_args, std::vector<std::string>& python_args,
+                const std::string& python_flag = "--world-sizes");
+
 // What a benchmark with a PyTorch side needs, checked before the (long) tdc run: the venv's python
 // (resolve_oracle_python: --python, else $TDC_PYTHON, else the build's) and the two scripts
 // bench/pytorch/<name>_pytorch.py and <name>_plot.py. Throws UsageError naming what is missing.

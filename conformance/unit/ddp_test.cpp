@@ -87,16 +87,9 @@ void expect_params_close(const nn::Module& actual, const nn::Module& expected, d
   }
 }
 
-// The single-process reference: a copy of rank 0's model. (Fork-launched ranks build identical
-// models from the same seed; thread-launched ranks share one generator and do not, so the copy is
-// broadcast from rank 0 rather than assumed.)
-nn::ModulePtr reference_copy(const nn::Module& m) {
-  auto group = conformance::world();
-  nn::ModulePtr ref = m.deep_copy();
-  for (auto p : ref->params()) comm::broadcast(p, 0, group);
-  for (auto& [name, b] : ref->named_bufs()) comm::broadcast(b, 0, group);
-  return ref;
-}
+// The single-process reference: conformance::reference_copy, a copy of rank 0's model broadcast to
+// every rank (thread-launched ranks share one generator and build different models).
+using conformance::reference_copy;
 
 void perturb_unless_rank0(nn::Module& m) {
   if (ctx().rank == 0) return;
