@@ -2,7 +2,7 @@
 // FSDP-sharded state dict at world sizes 2 and 4 (fork launcher, 1 ATen thread per rank), and the
 // disk's sequential write and read bandwidth measured with dd in the same directory.
 //
-//   tdc_bench_checkpoint --out FILE [--repeat N] [--worlds 2|4|2,4] [--mb MB] [--dir DIR]
+//   tdc_bench checkpoint --out FILE [--repeat N] [--worlds 2|4|2,4] [--mb MB] [--dir DIR]
 //                                                 (or: ./tdc bench checkpoint --out FILE)
 //
 // `tdc bench checkpoint` runs this, then bench/pytorch/checkpoint_pytorch.py (PyTorch's DCP
@@ -64,9 +64,11 @@
 #include "tdc/harness/results.h"
 #include "tdc/tensor/dtensor.h"
 
+#include "benchmarks.h"
+
 extern char** environ;
 
-namespace {
+namespace bench_checkpoint {
 
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
@@ -420,7 +422,7 @@ struct Extra {
 
 Extra take_extra_args(int* argc, char** argv) {
   const std::string usage = fmt::format(
-      "usage: tdc_bench_checkpoint --out FILE [--repeat N] [--worlds 2|4|2,4] [--mb MB] [--dir DIR]\n"
+      "usage: tdc_bench checkpoint --out FILE [--repeat N] [--worlds 2|4|2,4] [--mb MB] [--dir DIR]\n"
       "  N: timed calls per case (best counts; default 3); MB: tensor data in the state dict, 10^6 bytes "
       "(default {}); DIR: where the checkpoints and dd's files go (a temp dir under it; default: this program's "
       "directory, i.e. the build directory)",
@@ -432,7 +434,7 @@ Extra take_extra_args(int* argc, char** argv) {
     auto value = [&](const std::string& flag) -> std::optional<std::string> {
       if (arg == flag) {
         if (i + 1 >= *argc) {
-          fmt::print(stderr, "tdc_bench_checkpoint: error: {} needs a value\n{}\n", flag, usage);
+          fmt::print(stderr, "tdc_bench checkpoint: error: {} needs a value\n{}\n", flag, usage);
           std::exit(2);
         }
         return std::string(argv[++i]);
@@ -444,7 +446,7 @@ Extra take_extra_args(int* argc, char** argv) {
       char* end = nullptr;
       const long long n = std::strtoll(v->c_str(), &end, 10);
       if (v->empty() || *end || n < 1 || n > 1'000'000) {
-        fmt::print(stderr, "tdc_bench_checkpoint: error: --mb must be a positive integer, got '{}'\n{}\n", *v, usage);
+        fmt::print(stderr, "tdc_bench checkpoint: error: --mb must be a positive integer, got '{}'\n{}\n", *v, usage);
         std::exit(2);
       }
       e.mb = n;
@@ -462,12 +464,12 @@ Extra take_extra_args(int* argc, char** argv) {
   return e;
 }
 
-}  // namespace
 
-int main(int argc, char** argv) {
+// `tdc_bench checkpoint` (bench/cpp/main.cpp).
+int run(int argc, char** argv) {
   const Extra extra = take_extra_args(&argc, argv);
   const tdc::bench::Args args =
-      tdc::bench::parse_args(argc, argv, "tdc_bench_checkpoint", 3, "timed calls per case, best counts", true);
+      tdc::bench::parse_args(argc, argv, "tdc_bench checkpoint", 3, "timed calls per case, best counts", true);
   const int repeat = args.repeat;
   const std::vector<TensorShape> lay = layout(extra.mb);
   const int64_t bytes = total_bytes(lay);
@@ -478,7 +480,7 @@ int main(int argc, char** argv) {
   try {
     data.emplace(parent);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "tdc_bench_checkpoint: {}\n", e.what());
+    fmt::print(stderr, "tdc_bench checkpoint: {}\n", e.what());
     return 1;
   }
   auto bench_start = Clock::now();
@@ -492,7 +494,7 @@ int main(int argc, char** argv) {
   try {
     dd = measure_dd(data->path(), bytes, repeat);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "tdc_bench_checkpoint: dd: {}\n", e.what());
+    fmt::print(stderr, "tdc_bench checkpoint: dd: {}\n", e.what());
     return 1;
   }
 
@@ -554,7 +556,9 @@ int main(int argc, char** argv) {
       {"load_average", {{"start", load_start}, {"end", load_average()}}},
   };
   out.update(tdc::bench::run_info(started_at, bench_start));
-  if (!tdc::bench::write_result("tdc_bench_checkpoint", args.out, out)) return 1;
+  if (!tdc::bench::write_result("tdc_bench checkpoint", args.out, out)) return 1;
   fmt::print(stderr, "-> {}\n", args.out);
   return 0;
 }
+
+}  // namespace bench_checkpoint

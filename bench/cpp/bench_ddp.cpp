@@ -1,7 +1,7 @@
 // DDP benchmark: step time of DistributedDataParallel against single-process training on the same
 // global batch, for two models at world sizes 2 and 4 (fork launcher, 1 ATen thread per rank).
 //
-//   tdc_bench_ddp --out FILE [--repeat N] [--worlds 2|4|2,4]   (or: ./tdc bench ddp --out FILE)
+//   tdc_bench ddp --out FILE [--repeat N] [--worlds 2|4|2,4]   (or: ./tdc bench ddp --out FILE)
 //
 // A step is forward + loss (MSE / token cross-entropy) + backward + SGD update. The single-process case
 // runs the whole global batch in one process (a world of 1, no DDP); a DDP case runs world_size
@@ -37,7 +37,9 @@
 #include "tdc/harness/results.h"
 #include "tdc/fixtures/models.h"
 
-namespace {
+#include "benchmarks.h"
+
+namespace bench_ddp {
 
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
@@ -108,10 +110,10 @@ void run_case(const ModelCase& m, bool use_ddp, int repeat, const std::string& r
   std::ofstream(result) << r.dump() << "\n";
 }
 
-}  // namespace
 
-int main(int argc, char** argv) {
-  const tdc::bench::Args args = tdc::bench::parse_args(argc, argv, "tdc_bench_ddp", 10, "timed steps per case", true);
+// `tdc_bench ddp` (bench/cpp/main.cpp).
+int run(int argc, char** argv) {
+  const tdc::bench::Args args = tdc::bench::parse_args(argc, argv, "tdc_bench ddp", 10, "timed steps per case", true);
   const std::string& out_path = args.out;
   const int repeat = args.repeat;
 
@@ -176,7 +178,9 @@ int main(int argc, char** argv) {
       {"bucket_cap_mb", tdc::ddp::DDPOptions{}.bucket_cap_mb},
   };
   out.update(tdc::bench::run_info(started_at, bench_start));
-  if (!tdc::bench::write_result("tdc_bench_ddp", out_path, out)) return 1;
+  if (!tdc::bench::write_result("tdc_bench ddp", out_path, out)) return 1;
   fmt::print(stderr, "-> {}\n", out_path);
   return 0;
 }
+
+}  // namespace bench_ddp

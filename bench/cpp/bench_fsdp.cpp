@@ -4,7 +4,7 @@
 // training on the same global batch, for two models at world sizes 2 and 4 (fork launcher, 1 ATen
 // thread per rank).
 //
-//   tdc_bench_fsdp --out FILE [--repeat N] [--worlds 2|4|2,4] [--fsdp1]   (or: ./tdc bench fsdp|fsdp1 --out FILE)
+//   tdc_bench fsdp --out FILE [--repeat N] [--worlds 2|4|2,4] [--fsdp1]   (or: ./tdc bench fsdp|fsdp1 --out FILE)
 //
 // `tdc bench fsdp` (`fsdp1`) runs this, then bench/pytorch/fsdp_pytorch.py (PyTorch's own
 // fully_shard, or with --fsdp1 its FullyShardedDataParallel, on the same models, batches and step)
@@ -49,7 +49,9 @@
 #include "tdc/harness/launch.h"
 #include "tdc/harness/results.h"
 
-namespace {
+#include "benchmarks.h"
+
+namespace bench_fsdp {
 
 namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
@@ -187,11 +189,11 @@ bool take_fsdp1_flag(int* argc, char** argv) {
   return found;
 }
 
-}  // namespace
 
-int main(int argc, char** argv) {
+// `tdc_bench fsdp` (bench/cpp/main.cpp).
+int run(int argc, char** argv) {
   g_fsdp1 = take_fsdp1_flag(&argc, argv);
-  const tdc::bench::Args args = tdc::bench::parse_args(argc, argv, "tdc_bench_fsdp", 10,
+  const tdc::bench::Args args = tdc::bench::parse_args(argc, argv, "tdc_bench fsdp", 10,
                                                        "timed steps per case; --fsdp1: time FSDP1, not FSDP2", true);
   const std::string& out_path = args.out;
   const int repeat = args.repeat;
@@ -262,7 +264,9 @@ int main(int argc, char** argv) {
       {"comm_argument_checks", "on (tdc's default) except in tdc_fsdp_nochecks_step_ms"},
   };
   out.update(tdc::bench::run_info(started_at, bench_start));
-  if (!tdc::bench::write_result("tdc_bench_fsdp", out_path, out)) return 1;
+  if (!tdc::bench::write_result("tdc_bench fsdp", out_path, out)) return 1;
   fmt::print(stderr, "-> {}\n", out_path);
   return 0;
 }
+
+}  // namespace bench_fsdp

@@ -1,6 +1,6 @@
 // Harness benchmark: wall time of one 4-rank test through tdc::harness::launch(), per launcher.
 //
-//   tdc_bench_harness --out FILE [--repeat N]     (or: ./tdc bench harness --out FILE)
+//   tdc_bench harness --out FILE [--repeat N]     (or: ./tdc bench harness --out FILE)
 //
 // Cases: "empty" (the body does nothing: pure launcher cost) and "all_reduce" (create the world
 // process group and all-reduce 1024 floats: what a small real test pays). Each launch() call is
@@ -32,7 +32,9 @@
 #include "tdc/harness/launch.h"
 #include "tdc/harness/results.h"
 
-namespace {
+#include "benchmarks.h"
+
+namespace bench_harness {
 
 using json = nlohmann::ordered_json;  // keys in the order written: headline numbers first
 using tdc::harness::Launcher;
@@ -59,11 +61,11 @@ void all_reduce_body() {
 
 const Case kCases[] = {{"empty", &empty_body}, {"all_reduce", &all_reduce_body}};
 
-}  // namespace
 
-int main(int argc, char** argv) {
+// `tdc_bench harness` (bench/cpp/main.cpp).
+int run(int argc, char** argv) {
   const tdc::bench::Args args =
-      tdc::bench::parse_args(argc, argv, "tdc_bench_harness", 20, "timed launches per case and launcher");
+      tdc::bench::parse_args(argc, argv, "tdc_bench harness", 20, "timed launches per case and launcher");
   const std::string& out_path = args.out;
   const int repeat = args.repeat;
 
@@ -91,7 +93,7 @@ int main(int argc, char** argv) {
         tdc::harness::Outcome outcome = tdc::harness::launch(spec, c.body);
         double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         if (outcome.status != tdc::harness::Status::Pass) {
-          fmt::print(stderr, "\ntdc_bench_harness: {} launch of case '{}' (#{}) ended {}: {}\n", lname, c.name, i,
+          fmt::print(stderr, "\ntdc_bench harness: {} launch of case '{}' (#{}) ended {}: {}\n", lname, c.name, i,
                      tdc::harness::to_string(outcome.status), outcome.message);
           return 1;
         }
@@ -121,8 +123,10 @@ int main(int argc, char** argv) {
       {"targets", {{"fork_ms_per_test", kTargetForkMs}, {"thread_ms_per_test", kTargetThreadMs}}},
   };
   out.update(tdc::bench::run_info(started_at, bench_start));
-  if (!tdc::bench::write_result("tdc_bench_harness", out_path, out)) return 1;
+  if (!tdc::bench::write_result("tdc_bench harness", out_path, out)) return 1;
   fmt::print(stderr, "fork {:.1f} ms/test, thread {:.1f} ms/test (all_reduce median) -> {}\n",
              all_reduce_median["fork"], all_reduce_median["thread"], out_path);
   return 0;
 }
+
+}  // namespace bench_harness

@@ -2,7 +2,7 @@
 // PipelineScheduleRuntime) for the five seed schedules at pp 2 and 4, on plain stages of an 8-layer
 // MLP (fork launcher, 1 ATen thread per rank).
 //
-//   tdc_bench_pipelining --out FILE [--repeat N] [--worlds 2|4|2,4]   (or: ./tdc bench pipelining --out FILE)
+//   tdc_bench pipelining --out FILE [--repeat N] [--worlds 2|4|2,4]   (or: ./tdc bench pipelining --out FILE)
 //
 // `tdc bench pipelining` runs this, then bench/pytorch/pipelining_pytorch.py (PyTorch's own
 // torch.distributed.pipelining on the same model, batch, placement and step) and merges both into
@@ -42,7 +42,9 @@
 #include "tdc/pipelining/schedule.h"
 #include "tdc/pipelining/schedule_ir.h"
 
-namespace {
+#include "benchmarks.h"
+
+namespace bench_pipelining {
 
 namespace fs = std::filesystem;
 namespace pipelining = tdc::pipelining;
@@ -141,11 +143,11 @@ void run_case(ScheduleKind kind, int repeat, const std::string& result) {
   std::ofstream(result) << r.dump() << "\n";
 }
 
-}  // namespace
 
-int main(int argc, char** argv) {
+// `tdc_bench pipelining` (bench/cpp/main.cpp).
+int run(int argc, char** argv) {
   const tdc::bench::Args args =
-      tdc::bench::parse_args(argc, argv, "tdc_bench_pipelining", 10, "timed steps per case", true);
+      tdc::bench::parse_args(argc, argv, "tdc_bench pipelining", 10, "timed steps per case", true);
   const tdc::bench::TempDir tmp("tdc-bench-pipelining");
   const fs::path& dir = tmp.path();
   const int total = static_cast<int>(args.worlds.size() * std::size(kSchedules));
@@ -203,7 +205,9 @@ int main(int argc, char** argv) {
       {"threads_per_rank", 1},
   };
   out.update(tdc::bench::run_info(started_at, bench_start));
-  if (!tdc::bench::write_result("tdc_bench_pipelining", args.out, out)) return 1;
+  if (!tdc::bench::write_result("tdc_bench pipelining", args.out, out)) return 1;
   fmt::print(stderr, "-> {}\n", args.out);
   return 0;
 }
+
+}  // namespace bench_pipelining

@@ -1,7 +1,7 @@
 // `tdc bench harness` / `tdc bench ddp` / `tdc bench fsdp` / `tdc bench fsdp1` / `tdc bench
-// checkpoint` / `tdc bench pipelining`: runs a benchmark binary (tdc_bench_harness, tdc_bench_ddp,
-// tdc_bench_fsdp (fsdp1: the same with --fsdp1), tdc_bench_checkpoint, tdc_bench_pipelining:
-// separate binaries so that their forks start from a clean process) and prints its numbers (the
+// checkpoint` / `tdc bench pipelining`: runs the tdc side, `tdc_bench NAME` (fsdp1: `tdc_bench fsdp
+// --fsdp1`; one process per run, so that its forks start from a clean process; [Note: one benchmark
+// binary]) and prints its numbers (the
 // harness's against their targets). fsdp, fsdp1, checkpoint and pipelining also run the PyTorch
 // side (bench/pytorch/<name>_pytorch.py, the venv's python; fsdp1: fsdp's with --fsdp1), merge
 // both into one JSON and plot it (bench/pytorch/<name>_plot.py -> the JSON's name with .png).

@@ -1,4 +1,4 @@
-// `tdc bench checkpoint`: R rounds of tdc_bench_checkpoint (tdc's save/load, and dd on the same
+// `tdc bench checkpoint`: R rounds of `tdc_bench checkpoint` (tdc's save/load, and dd on the same
 // disk) and bench/pytorch/checkpoint_pytorch.py (PyTorch's DCP), merged (best over rounds) and plotted.
 #include <algorithm>
 
@@ -67,7 +67,7 @@ void checkpoint_verdicts(ojson& j) {
   j["worst_vs_dd"] = worst_dd;
 }
 
-// tdc's JSON (tdc_bench_checkpoint, with dd) + PyTorch's (checkpoint_pytorch.py) -> one round.
+// tdc's JSON (`tdc_bench checkpoint`, with dd) + PyTorch's (checkpoint_pytorch.py) -> one round.
 ojson merge_checkpoint(const ojson& t, const fs::path& tdc_file, const ojson& py, const fs::path& py_file) {
   const ojson& tsd = t.at("state_dict");
   if (!py.contains("state_dict") || py["state_dict"].value("tensors", ojson()) != tsd.at("tensors") ||

@@ -1,4 +1,4 @@
-// `tdc bench ddp`: tdc_bench_ddp times DDP against single-process training on the same global batch.
+// `tdc bench ddp`: `tdc_bench ddp` times DDP against single-process training on the same global batch.
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -40,7 +40,7 @@ int bench_ddp(const ParsedArgs& a, const fs::path& build, const fs::path& out, s
   int status = kExitOk;
   std::vector<std::string> tdc_args, unused;
   add_worlds(a, tdc_args, unused);
-  std::optional<json> j = run_benchmark(build, "tdc_bench_ddp", out, repeat, &status, tdc_args);
+  std::optional<json> j = run_benchmark(build, "ddp", out, repeat, &status, tdc_args);
   return j ? print_ddp(*j, out) : status;
 }
 

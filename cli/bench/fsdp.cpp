@@ -1,4 +1,4 @@
-// `tdc bench fsdp` / `tdc bench fsdp1`: R rounds of tdc_bench_fsdp (tdc's FSDP2, or FSDP1 with
+// `tdc bench fsdp` / `tdc bench fsdp1`: R rounds of `tdc_bench fsdp` (tdc's FSDP2, or FSDP1 with
 // --fsdp1) and bench/pytorch/fsdp_pytorch.py (PyTorch's), merged (medians over rounds) and plotted.
 #include <algorithm>
 
@@ -16,7 +16,7 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-// tdc's JSON (tdc_bench_fsdp) + PyTorch's (fsdp_pytorch.py) -> the merged result. Both name the
+// tdc's JSON (`tdc_bench fsdp`) + PyTorch's (fsdp_pytorch.py) -> the merged result. Both name the
 // FSDP they timed ("fsdp": "FSDP2" or "FSDP1"); they must agree.
 ojson merge_fsdp(const ojson& t, const fs::path& tdc_file, const ojson& py, const fs::path& py_file) {
   const std::string version = t.value("fsdp", std::string("FSDP2"));
@@ -102,7 +102,7 @@ int print_fsdp(const ojson& j, const fs::path& out, const fs::path& png) {
   return kExitOk;
 }
 
-constexpr int kFsdpWarmup = 3;  // tdc_bench_fsdp's kWarmup; the PyTorch runner gets the same
+constexpr int kFsdpWarmup = 3;  // `tdc_bench fsdp`'s kWarmup; the PyTorch runner gets the same
 
 // Several merged rounds -> one: every step time is the median over rounds, the ratios are taken
 // between those medians, and each case keeps its per-round ratios.
@@ -178,7 +178,7 @@ int bench_fsdp(const ParsedArgs& a, const fs::path& build, const fs::path& out, 
       .merge =
           [](const ojson& t, const fs::path& tf, const ojson& p, const fs::path& pf) {
             if (t.value("warmup", -1) != kFsdpWarmup)
-              throw std::runtime_error(fmt::format("tdc_bench_fsdp ran {} warm-up steps, the CLI expects {}",
+              throw std::runtime_error(fmt::format("tdc_bench fsdp ran {} warm-up steps, the CLI expects {}",
                                                    t.value("warmup", -1), kFsdpWarmup));
             return merge_fsdp(t, tf, p, pf);
           },

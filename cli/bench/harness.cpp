@@ -1,4 +1,4 @@
-// `tdc bench harness`: tdc_bench_harness times tdc::harness::launch() per launcher and case; the
+// `tdc bench harness`: `tdc_bench harness` times tdc::harness::launch() per launcher and case; the
 // table against the harness's targets.
 
 #include <fmt/format.h>
@@ -44,7 +44,7 @@ int print_harness(const json& j, const fs::path& out) {
 
 int bench_harness(const ParsedArgs&, const fs::path& build, const fs::path& out, std::optional<int> repeat) {
   int status = kExitOk;
-  std::optional<json> j = run_benchmark(build, "tdc_bench_harness", out, repeat.value_or(20), &status);
+  std::optional<json> j = run_benchmark(build, "harness", out, repeat.value_or(20), &status);
   return j ? print_harness(*j, out) : status;
 }
 

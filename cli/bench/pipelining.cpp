@@ -1,4 +1,4 @@
-// `tdc bench pipelining`: R rounds of tdc_bench_pipelining (tdc's schedules) and
+// `tdc bench pipelining`: R rounds of `tdc_bench pipelining` (tdc's schedules) and
 // bench/pytorch/pipelining_pytorch.py (PyTorch's), alternating which goes first, merged into one
 // JSON (medians over rounds) and plotted by bench/pytorch/pipelining_plot.py. Schema:
 // docs/results-schema.md, "Pipelining benchmark".
@@ -20,7 +20,7 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-constexpr int kPipeliningWarmup = 3;  // tdc_bench_pipelining's kWarmup; the PyTorch runner gets the same
+constexpr int kPipeliningWarmup = 3;  // `tdc_bench pipelining`'s kWarmup; the PyTorch runner gets the same
 constexpr const char* kTarget = "tdc_step_ms <= pytorch_step_ms for every schedule and pp size (ratio <= 1)";
 
 // Sets target_met / worst_ratio from the cases' ratios.
@@ -43,7 +43,7 @@ void verdict(ojson& j) {
   j["worst_ratio"] = worst;
 }
 
-// tdc's JSON (tdc_bench_pipelining) + PyTorch's (pipelining_pytorch.py) -> one round.
+// tdc's JSON (`tdc_bench pipelining`) + PyTorch's (pipelining_pytorch.py) -> one round.
 ojson merge_pipelining(const ojson& t, const fs::path& tdc_file, const ojson& py, const fs::path& py_file) {
   const ojson& tm = t.at("model");
   const ojson pm = py.value("model", ojson::object());
@@ -156,7 +156,7 @@ int bench_pipelining(const ParsedArgs& a, const fs::path& build, const fs::path&
       .merge =
           [](const ojson& t, const fs::path& tf, const ojson& p, const fs::path& pf) {
             if (t.value("warmup", -1) != kPipeliningWarmup)
-              throw std::runtime_error(fmt::format("tdc_bench_pipelining ran {} warm-up steps, the CLI expects {}",
+              throw std::runtime_error(fmt::format("tdc_bench pipelining ran {} warm-up steps, the CLI expects {}",
                                                    t.value("warmup", -1), kPipeliningWarmup));
             return merge_pipelining(t, tf, p, pf);
           },

@@ -30,15 +30,15 @@ double number_at(const json& j, const fs::path& file, const std::string& key) {
 
 // Runs `exe` with --out/--repeat (and `extra_args`) and returns its parsed JSON output (throws naming what
 // failed).
-std::optional<json> run_benchmark(const fs::path& build, const std::string& binary, const fs::path& out,
+std::optional<json> run_benchmark(const fs::path& build, const std::string& benchmark, const fs::path& out,
                                   std::optional<int> repeat, int* exit_status,
                                   const std::vector<std::string>& extra_args) {
-  fs::path exe = build / binary;
+  fs::path exe = build / kBenchBinary;
   if (!fs::exists(exe))
     throw UsageError(fmt::format("benchmark binary '{}' does not exist: build it (ninja -C {} {})", exe.string(),
-                                 build.string(), binary));
+                                 build.string(), kBenchBinary));
   SpawnOptions so;
-  so.argv = {exe.string(), "--out", out.string()};
+  so.argv = {exe.string(), benchmark, "--out", out.string()};
   if (repeat) so.argv.insert(so.argv.end(), {"--repeat", std::to_string(*repeat)});
   so.argv.insert(so.argv.end(), extra_args.begin(), extra_args.end());
   Child child = Child::spawn(so);
@@ -48,7 +48,7 @@ std::optional<json> run_benchmark(const fs::path& build, const std::string& bina
     return std::nullopt;
   }
   if (exit_code(status) != 0) {
-    fmt::print(stderr, "tdc bench: {} failed: {}\n", exe.string(), describe_exit(status));
+    fmt::print(stderr, "tdc bench: {} {} failed: {}\n", exe.string(), benchmark, describe_exit(status));
     *exit_status = kExitFailed;
     return std::nullopt;
   }
@@ -155,15 +155,15 @@ int run_rounds(const Rounds& spec, const fs::path& build, const PythonSide& py, 
   fs::path png = out;
   png.replace_extension(".png");
   Cleanup cleanup{{tdc_file, py_file}};
-  const std::string binary = "tdc_bench_" + (spec.program.empty() ? spec.name : spec.program);
+  const std::string benchmark = spec.program.empty() ? spec.name : spec.program;
   int status = kExitOk;
   std::vector<ojson> rounds;
   for (int r = 1; r <= spec.rounds; ++r) {
     std::optional<ojson> t, p;
     auto tdc_side = [&] {
-      fmt::print(stderr, "tdc bench {}: round {}/{}, tdc side ({})\n", spec.name, r, spec.rounds,
-                 (build / binary).string());
-      if (!run_benchmark(build, binary, tdc_file, spec.repeat, &status, spec.tdc_args)) return false;
+      fmt::print(stderr, "tdc bench {}: round {}/{}, tdc side ({} {})\n", spec.name, r, spec.rounds,
+                 (build / kBenchBinary).string(), benchmark);
+      if (!run_benchmark(build, benchmark, tdc_file, spec.repeat, &status, spec.tdc_args)) return false;
       t = read_json(tdc_file);
       return true;
     };

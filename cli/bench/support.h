@@ -18,9 +18,12 @@ namespace tdc::cli::bench {
 // j[key] of a benchmark's JSON as a number; throws naming the file and the key.
 double number_at(const nlohmann::json& j, const std::filesystem::path& file, const std::string& key);
 
-// Runs `build/binary` with --out/--repeat (and `extra_args`) and returns its parsed JSON output;
-// nullopt with *exit_status set when it failed or was interrupted (throws naming what is missing).
-std::optional<nlohmann::json> run_benchmark(const std::filesystem::path& build, const std::string& binary,
+// The tdc side of every benchmark: `tdc_bench NAME` ([Note: one benchmark binary], bench/cpp/main.cpp).
+inline constexpr const char* kBenchBinary = "tdc_bench";
+// Runs `build/tdc_bench benchmark` with --out/--repeat (and `extra_args`) and returns its parsed JSON
+// output; nullopt with *exit_status set when it failed or was interrupted (throws naming what is
+// missing).
+std::optional<nlohmann::json> run_benchmark(const std::filesystem::path& build, const std::string& benchmark,
                                             const std::filesystem::path& out, std::optional<int> repeat,
                                             int* exit_status, const std::vector<std::string>& extra_args = {});
 
@@ -69,7 +72,7 @@ struct Cleanup {
 };
 
 // A benchmark with a PyTorch side, start to end: `rounds` rounds, each running
-// build/tdc_bench_<name> and the PyTorch runner (odd rounds tdc first, even rounds PyTorch first,
+// `build/tdc_bench <name>` and the PyTorch runner (odd rounds tdc first, even rounds PyTorch first,
 // so that a change in the host's load does not always hit the same side) and merging their
 // outputs; then the rounds combined into OUT (atomically), the plot OUT with .png, and the
 // printed summary. The per-side temp files OUT.tdc.tmp / OUT.pytorch.tmp are removed whatever
@@ -78,8 +81,8 @@ using MergeSides = std::function<nlohmann::ordered_json(
     const nlohmann::ordered_json& tdc, const std::filesystem::path& tdc_file, const nlohmann::ordered_json& pytorch,
     const std::filesystem::path& pytorch_file)>;
 struct Rounds {
-  std::string name;                      // "fsdp": messages, and the binary tdc_bench_<name>
-  std::string program;                   // the binary's base name when it is not `name` ("fsdp" for fsdp1)
+  std::string name;                      // "fsdp": messages, and the benchmark `tdc_bench <name>`
+  std::string program;                   // tdc_bench's benchmark when it is not `name` ("fsdp" for fsdp1)
   int repeat = 10, rounds = 3;           // timed steps per case; rounds
   std::vector<std::string> tdc_args;     // extra arguments of the tdc binary
   std::vector<std::string> python_args;  // extra arguments of the PyTorch runner
