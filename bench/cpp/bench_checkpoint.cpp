@@ -464,7 +464,6 @@ Extra take_extra_args(int* argc, char** argv) {
   return e;
 }
 
-
 // `tdc_bench checkpoint` (bench/cpp/main.cpp).
 int run(int argc, char** argv) {
   const Extra extra = take_extra_args(&argc, argv);

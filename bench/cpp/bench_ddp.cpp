@@ -110,7 +110,6 @@ void run_case(const ModelCase& m, bool use_ddp, int repeat, const std::string& r
   std::ofstream(result) << r.dump() << "\n";
 }
 
-
 // `tdc_bench ddp` (bench/cpp/main.cpp).
 int run(int argc, char** argv) {
   const tdc::bench::Args args = tdc::bench::parse_args(argc, argv, "tdc_bench ddp", 10, "timed steps per case", true);

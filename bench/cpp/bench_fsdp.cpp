@@ -189,7 +189,6 @@ bool take_fsdp1_flag(int* argc, char** argv) {
   return found;
 }
 
-
 // `tdc_bench fsdp` (bench/cpp/main.cpp).
 int run(int argc, char** argv) {
   g_fsdp1 = take_fsdp1_flag(&argc, argv);

@@ -61,7 +61,6 @@ void all_reduce_body() {
 
 const Case kCases[] = {{"empty", &empty_body}, {"all_reduce", &all_reduce_body}};
 
-
 // `tdc_bench harness` (bench/cpp/main.cpp).
 int run(int argc, char** argv) {
   const tdc::bench::Args args =

@@ -143,7 +143,6 @@ void run_case(ScheduleKind kind, int repeat, const std::string& result) {
   std::ofstream(result) << r.dump() << "\n";
 }
 
-
 // `tdc_bench pipelining` (bench/cpp/main.cpp).
 int run(int argc, char** argv) {
   const tdc::bench::Args args =
