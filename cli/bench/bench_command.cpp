@@ -1,12 +1,12 @@
 // `tdc bench harness` / `tdc bench ddp` / `tdc bench fsdp` / `tdc bench fsdp1` / `tdc bench
 // checkpoint` / `tdc bench pipelining`: runs the tdc side, `tdc_bench NAME` (fsdp1: `tdc_bench fsdp
 // --fsdp1`; one process per run, so that its forks start from a clean process; [Note: one benchmark
-// binary]) and prints its numbers (the
-// harness's against their targets). fsdp, fsdp1, checkpoint and pipelining also run the PyTorch
-// side (bench/pytorch/<name>_pytorch.py, the venv's python; fsdp1: fsdp's with --fsdp1), merge
-// both into one JSON and plot it (bench/pytorch/<name>_plot.py -> the JSON's name with .png).
-// One driver per benchmark in this folder (harness.cpp, ddp.cpp, fsdp.cpp, checkpoint.cpp,
-// pipelining.cpp), the helpers they share in support.{h,cpp}; this file picks the driver.
+// binary]) and prints its numbers (the harness's against their targets). fsdp, fsdp1, checkpoint
+// and pipelining also run the PyTorch side (bench/pytorch/<name>_pytorch.py, the venv's python;
+// fsdp1: fsdp's with --fsdp1), merge both into one JSON and plot it (bench/pytorch/<name>_plot.py
+// -> the JSON's name with .png). One driver per benchmark in this folder (harness.cpp, ddp.cpp,
+// fsdp.cpp, checkpoint.cpp, pipelining.cpp), the helpers they share in support.{h,cpp}; this file
+// picks the driver.
 #include <optional>
 
 #include <fmt/format.h>
