@@ -28,6 +28,29 @@ function(tdc_program name)
   target_link_options(${name} PRIVATE -rdynamic)
 endfunction()
 
+# ---------------------------------------------------------------- the CLI's refusals
+# tdc_cli_refusal_tests(prefix "label|arg;arg;...|message" ...): one CTest entry prefix_label per
+# case, running `tdc-cli ARGS --build-dir BUILD --out OUT`: it must exit 2 before anything runs,
+# print MESSAGE (a grep pattern), and leave no results behind (no OUT/results.json, no file OUT).
+function(tdc_cli_refusal_tests prefix)
+  math(EXPR last "${ARGC} - 1")
+  foreach(i RANGE 1 ${last})
+    # ARGV<i>, not ARGN: a case's arguments are separated by ';', which ARGN would split apart.
+    string(REPLACE "|" ";" parts "${ARGV${i}}")
+    list(GET parts 0 label)
+    list(GET parts -1 want)
+    list(SUBLIST parts 1 -1 args)
+    list(REMOVE_AT args -1)
+    string(REPLACE ";" " " args "${args}")
+    add_test(NAME ${prefix}_${label}
+      COMMAND sh -c "out=$(\"$0\" ${args} --build-dir \"$1\" --out \"$2\" 2>&1); rc=$?; echo \"$out\"; \
+[ $rc -eq 2 ] || { echo \"expected exit 2, got $rc\"; exit 1; }; \
+echo \"$out\" | grep -q -e \"${want}\" || { echo \"message lacks: ${want}\"; exit 1; }; \
+[ ! -e \"$2/results.json\" ] && [ ! -f \"$2\" ] || { echo 'results were written'; exit 1; }"
+        $<TARGET_FILE:tdc-cli> ${CMAKE_BINARY_DIR} ${CMAKE_BINARY_DIR}/refused-${prefix}-${label})
+  endforeach()
+endfunction()
+
 # ---------------------------------------------------------------- files the CLI reads
 function(tdc_write_build_manifests)
   get_property(suites GLOBAL PROPERTY TDC_SUITES)
