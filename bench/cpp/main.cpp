@@ -5,9 +5,8 @@
 // [Note: one benchmark binary] The five benchmarks were five programs; each compile parsed
 // LibTorch's and tdc's headers again (about 17 s of a 17-19 s TU). As one binary, their sources
 // are one unity TU ([Note: unity builds]). Each benchmark keeps its file and its namespace
-// (bench_NAME), so that their helpers do not meet in that TU. A benchmark forks its ranks from this
-// process (fork launcher) before it has started any threads of its own, as the separate programs
-// did.
+// (bench_NAME), so that their helpers do not meet in that TU. `tdc bench` starts one process per
+// run, so a benchmark still forks its ranks from a process that ran nothing else.
 #include <cstring>
 #include <string>
 #include <vector>
