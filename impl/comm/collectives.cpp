@@ -207,6 +207,23 @@ Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const G
       std::move(w), [s, in] { s.publish(); }, async_op);
 }
 
+// The emulated reduce-scatter's local reduction into `out`: rows[0] op rows[1] op ..., left to
+// right. For SUM over two ranks that is the one addition a native reduce-scatter does.
+void reduce_in_rank_order(at::Tensor out, const at::Tensor& rows, ReduceOp op) {
+  const int64_t n = rows.size(0);
+  if (op == ReduceOp::MAX || op == ReduceOp::MIN) {
+    out.copy_(std::get<0>(op == ReduceOp::MAX ? rows.max(0) : rows.min(0)));
+    return;
+  }
+  if (n == 1) {
+    out.copy_(rows[0]);
+  } else {
+    at::add_out(out, rows[0], rows[1]);
+  }
+  for (int64_t k = 2; k < n; ++k) out.add_(rows[k]);
+  if (op == ReduceOp::AVG) out.div_(n);
+}
+
 Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op, const GroupPtr& group,
                            bool async_op, std::optional<OpKind> record_as) {
   ProcessGroup& g = *resolve(group);
@@ -220,7 +237,7 @@ Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp
   at::Tensor out_flat = s.buf.view({s.buf.numel()});
   const bool emulate_avg = op == ReduceOp::AVG && !g.native_avg();
 
-  if (g.native_reduce_scatter().value_or(true)) {
+  if (!g.reduce_scatter_by_alltoall(op) && g.native_reduce_scatter().value_or(true)) {
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = to_c10d(emulate_avg ? ReduceOp::SUM : op);
     opts.timeout = g.options().timeout;
@@ -247,9 +264,10 @@ Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp
           async_op);
     }
   }
-  // Emulation (backends without a native reduce-scatter that honours the op): one all-to-all
-  // moves chunk r of every rank to rank r (bandwidth-optimal, like a ring reduce-scatter), then
-  // the n received chunks are reduced locally, in rank order.
+  // Emulation (backends without a native reduce-scatter that honours the op, and two-rank SUM /
+  // AVG where the all-to-all is cheaper: [Note: a two-rank reduce-scatter by all-to-all]): one
+  // all-to-all moves chunk r of every rank to rank r (bandwidth-optimal, like a ring
+  // reduce-scatter), then the n received chunks are reduced locally, in rank order.
   record_path(g, "reduce_scatter_tensor", false);
   record_avg(g, op, true);
   at::Tensor received = at::empty_like(in);
@@ -260,23 +278,7 @@ Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp
   return finish(
       std::move(w),
       [s, received, op, n] {
-        at::Tensor chunks = received.view({n, -1});
-        at::Tensor r;
-        switch (op) {
-          case ReduceOp::SUM:
-            r = chunks.sum(0);
-            break;
-          case ReduceOp::AVG:
-            r = chunks.sum(0).div_(n);
-            break;
-          case ReduceOp::MAX:
-            r = std::get<0>(chunks.max(0));
-            break;
-          case ReduceOp::MIN:
-            r = std::get<0>(chunks.min(0));
-            break;
-        }
-        s.buf.view({s.buf.numel()}).copy_(r);
+        reduce_in_rank_order(s.buf.view({s.buf.numel()}), received.view({n, -1}), op);
         s.publish();
       },
       async_op);

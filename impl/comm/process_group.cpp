@@ -48,6 +48,7 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive
   const BackendOps ops = BackendRegistry::instance().ops_of(options_.backend);  // [Note: native ops or emulation]
   native_avg_ = ops.avg;
   native_reduce_scatter_ = ops.reduce_scatter;
+  two_rank_alltoall_ = ops.two_rank_reduce_scatter_by_alltoall;
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

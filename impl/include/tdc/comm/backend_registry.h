@@ -35,6 +35,14 @@ using BackendFactory = std::function<c10::intrusive_ptr<c10d::Backend>(
 struct BackendOps {
   std::optional<bool> reduce_scatter;
   bool avg = false;
+  // [Note: a two-rank reduce-scatter by all-to-all] The backend's all-to-all is cheaper than its
+  // reduce-scatter, so tdc::comm reduce-scatters with SUM or AVG over two ranks by all-to-all plus
+  // one local addition: bit for bit the native result (a + b is commutative; one addition is
+  // the whole reduction). Over three or more ranks the native op runs: its summation order is the
+  // backend's own and tdc does not guess it. Gloo: its reduce-scatter returns the all-reduce's
+  // values and costs more than an all-reduce, its all-to-all is one exchange: half the time at
+  // two ranks (docs/bench/README.md, "Gloo's reduce-scatter"). CommTest checks the bits.
+  bool two_rank_reduce_scatter_by_alltoall = false;
 };
 
 class BackendRegistry {

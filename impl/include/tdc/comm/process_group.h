@@ -13,6 +13,8 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "tdc/comm/reduce_op.h"
+
 namespace tdc::comm {
 
 struct GroupOptions {
@@ -47,6 +49,11 @@ class ProcessGroup {
   std::optional<bool> native_reduce_scatter() const { return native_reduce_scatter_; }
   // What the first reduce-scatter found out (collectives.cpp).
   void learned_native_reduce_scatter(bool native) { native_reduce_scatter_ = native; }
+  // [Note: a two-rank reduce-scatter by all-to-all] (backend_registry.h): whether a SUM or AVG
+  // reduce-scatter of this group runs as all-to-all plus one addition.
+  bool reduce_scatter_by_alltoall(ReduceOp op) const {
+    return two_rank_alltoall_ && size_ == 2 && (op == ReduceOp::SUM || op == ReduceOp::AVG);
+  }
   // Use tdc's emulations of AVG and reduce-scatter on this group even where the backend has them
   // natively (tests of the emulations; a backend whose native op misbehaves).
   void use_emulations() {
@@ -65,6 +72,7 @@ class ProcessGroup {
   std::vector<int> global_ranks_;
   bool native_avg_ = false;
   std::optional<bool> native_reduce_scatter_;
+  bool two_rank_alltoall_ = false;
 };
 using GroupPtr = std::shared_ptr<ProcessGroup>;
 
