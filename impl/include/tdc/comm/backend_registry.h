@@ -40,7 +40,7 @@ struct BackendOps {
   // one local addition: bit for bit the native result (a + b is commutative; one addition is
   // the whole reduction). Over three or more ranks the native op runs: its summation order is the
   // backend's own and tdc does not guess it. Gloo: its reduce-scatter returns the all-reduce's
-  // values and costs more than an all-reduce, its all-to-all is one exchange: half the time at
+  // values and costs about what an all-reduce costs; its all-to-all is one exchange: half the time at
   // two ranks (docs/bench/README.md, "Gloo's reduce-scatter"). CommTest checks the bits.
   bool two_rank_reduce_scatter_by_alltoall = false;
 };
