@@ -657,8 +657,12 @@ TDC_DIST_TEST(CommTest, TwoRankReduceScatterIsGlooBitForBit, .world_size = 2) {
   const int r = g->rank();
   auto gen = at::make_generator<at::CPUGeneratorImpl>(77 + r);
   at::Tensor x = at::randn({4096}, gen, at::kDouble) * at::pow(10.0, at::randint(-20, 20, {4096}, gen, at::kDouble));
-  x.narrow(0, 0, 8).copy_(
-      at::tensor({0.0, -0.0, -0.0, 0.0, INFINITY, -INFINITY, NAN, 1.0}, at::kDouble).mul(r == 0 ? 1.0 : -1.0));
+  // Rank 0 + rank 1 at 0-7: 0 + -0, -0 + -0 (-0, where a zero-initialised sum gives +0), -0 + 0,
+  // 0 + 0, inf + -inf (NaN), -inf + -inf, NaN + 1, 1 + NaN.
+  const std::vector<double> special = r == 0
+                                          ? std::vector<double>{0.0, -0.0, -0.0, 0.0, INFINITY, -INFINITY, NAN, 1.0}
+                                          : std::vector<double>{-0.0, -0.0, 0.0, 0.0, -INFINITY, -INFINITY, 1.0, NAN};
+  x.narrow(0, 0, 8).copy_(at::tensor(special, at::kDouble));
   for (at::ScalarType dt : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf}) {
     for (ReduceOp op : {ReduceOp::SUM, ReduceOp::AVG}) {
       SCOPED_TRACE(fmt::format("{} {}", c10::toString(dt), op == ReduceOp::SUM ? "SUM" : "AVG"));

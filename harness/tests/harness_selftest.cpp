@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <memory>
 #include <random>
 #include <sstream>
 
@@ -277,6 +278,7 @@ struct ChildRun {
   RunResults results;
   std::string tmpdir;  // TMPDIR given to the child: must be empty afterwards
   std::string token;
+  std::shared_ptr<void> remove_work;  // removes the run's work directory (tmpdir's parent) with the last copy
 };
 
 std::string fresh_dir(const std::string& what) {
@@ -319,6 +321,10 @@ struct ChildOptions {
 ChildRun run_child(const std::string& filter, const ChildOptions& o = {}) {
   ChildRun run;
   std::string work = fresh_dir("child");
+  run.remove_work = std::shared_ptr<void>(nullptr, [work](void*) {
+    std::error_code ignored;
+    std::filesystem::remove_all(work, ignored);
+  });
   run.tmpdir = work + "/tmp";
   std::filesystem::create_directory(run.tmpdir);
   run.token = std::to_string(getpid()) + "-" + std::to_string(std::random_device{}());
@@ -399,7 +405,6 @@ void expect_clean(const ChildRun& r) {
   std::vector<std::string> leftovers;
   for (auto& e : std::filesystem::directory_iterator(r.tmpdir)) leftovers.push_back(e.path().filename());
   EXPECT_TRUE(leftovers.empty()) << "left in TMPDIR: " << (leftovers.empty() ? "" : leftovers[0]);
-  std::filesystem::remove_all(std::filesystem::path(r.tmpdir).parent_path());
 }
 
 // [Note: timing promises are relative to the deadline] The self-tests run while other suites
