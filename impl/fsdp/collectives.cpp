@@ -49,11 +49,12 @@ AllGatherResult foreach_all_gather(std::vector<FSDPParam>& params, const MeshInf
   AllGatherResult result;
   for (auto& [dtype, idx] : by_dtype) {
     const int64_t total = padded_total(params, idx);
-    at::Tensor in = at::zeros({total}, at::TensorOptions().dtype(dtype).device(params[idx[0]].sharded().device()));
+    at::Tensor in = at::empty({total}, at::TensorOptions().dtype(dtype).device(params[idx[0]].sharded().device()));
     int64_t off = 0;
     for (size_t i : idx) {
       FSDPParam& p = params[i];
       in.narrow(0, off, p.shard_numel()).copy_(p.all_gather_input());
+      in.narrow(0, off + p.shard_numel(), p.padded_numel() - p.shard_numel()).zero_();  // the padding
       off += p.padded_numel();
       p.record_gathered_version();
     }
@@ -107,16 +108,17 @@ ReduceScatterResult foreach_reduce_scatter(std::vector<FSDPParam>& params, const
   ReduceScatterResult result;
   for (auto& [dtype, idx] : by_dtype) {
     const int64_t total = padded_total(params, idx);
-    // Copy-in: rank r's chunk of every gradient into row r, padded like the all-gather.
-    at::Tensor in = at::zeros({n, total}, at::TensorOptions().dtype(dtype).device(params[idx[0]].sharded().device()));
+    // Copy-in: rank r's chunk of every gradient into row r, padded (with zeros) like the all-gather.
+    at::Tensor in = at::empty({n, total}, at::TensorOptions().dtype(dtype).device(params[idx[0]].sharded().device()));
     int64_t off = 0;
     for (size_t i : idx) {
       FSDPParam& p = params[i];
       at::Tensor rows = p.rows_of(p.take_grad_to_reduce(grads[i]), dtype);
       for (int64_t r = 0; r < n; ++r) {
         tensor::ChunkRange cr = tensor::chunk_range(p.rows(), n, r);
-        if (cr.size == 0) continue;
-        in[r].narrow(0, off, cr.size * p.row_numel()).copy_(rows.narrow(0, cr.offset, cr.size).reshape({-1}));
+        const int64_t filled = cr.size * p.row_numel();
+        if (cr.size > 0) in[r].narrow(0, off, filled).copy_(rows.narrow(0, cr.offset, cr.size).reshape({-1}));
+        in[r].narrow(0, off + filled, p.padded_numel() - filled).zero_();
       }
       off += p.padded_numel();
     }

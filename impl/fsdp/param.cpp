@@ -133,16 +133,24 @@ void FSDPParam::check_unmodified(const char* when) const {
 
 // ------------------------------------------------------------------ sharded <-> unsharded
 
+// [Note: one copy out of the all-gather] Row r of the output holds rank r's padded rows of every
+// parameter of the group, so this parameter's columns are strided across the rows. Each rank's
+// rows are copied straight into their place in the unsharded tensor (a reshape of the strided
+// columns into one tensor would copy them once more first).
 void FSDPParam::to_unsharded(const at::Tensor& gathered_columns, int64_t shard_size) {
-  std::vector<int64_t> full_shape{shard_size * padded_};
+  std::vector<int64_t> rank_rows{padded_};  // one rank's padded rows, the other dims after
   for (int64_t d = 0; d < static_cast<int64_t>(local_shape_.size()); ++d) {
-    if (d != dim_) full_shape.push_back(local_shape_[d]);
+    if (d != dim_) rank_rows.push_back(local_shape_[d]);
   }
-  at::Tensor piece = gathered_columns.reshape(full_shape).narrow(0, 0, rows_);
-  if (!unsharded_.defined()) unsharded_ = at::empty(local_shape_, piece.options());
+  if (!unsharded_.defined()) unsharded_ = at::empty(local_shape_, gathered_columns.options());
   alloc_storage(unsharded_);
   count_unsharded_bytes(true);
-  copy_quietly(unsharded_, piece.movedim(0, dim_));
+  const at::Tensor rows = unsharded_.detach().movedim(dim_, 0);  // [rows_, other dims]: a view
+  for (int64_t r = 0; r < shard_size; ++r) {
+    const tensor::ChunkRange cr = tensor::chunk_range(rows_, shard_size, r);
+    if (cr.size == 0) continue;
+    copy_quietly(rows.narrow(0, cr.offset, cr.size), gathered_columns[r].view(rank_rows).narrow(0, 0, cr.size));
+  }
 }
 
 void FSDPParam::free_unsharded() {
