@@ -297,10 +297,18 @@ void FlatParamHandle::clear_substitutes() {
 
 at::Tensor FlatParamHandle::flatten_grads(const std::vector<at::Tensor>& grads) const {
   at::NoGradGuard no_grad;
-  at::Tensor flat = at::zeros({padded_numel_}, flat_param_.options().dtype(compute_dtype()).requires_grad(false));
-  for (size_t i = 0; i < slots_.size() && i < grads.size(); ++i) {
-    if (grads[i].defined()) flat.narrow(0, slots_[i].offset, slots_[i].numel).copy_(grads[i].reshape({-1}));
+  // The slots tile [0, numel_) (wrapping.cpp), so each byte is written once: a gradient, zeros for
+  // a parameter without one, zeros for the padding.
+  at::Tensor flat = at::empty({padded_numel_}, flat_param_.options().dtype(compute_dtype()).requires_grad(false));
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    at::Tensor slot = flat.narrow(0, slots_[i].offset, slots_[i].numel);
+    if (i < grads.size() && grads[i].defined()) {
+      slot.copy_(grads[i].reshape({-1}));
+    } else {
+      slot.zero_();
+    }
   }
+  flat.narrow(0, numel_, padded_numel_ - numel_).zero_();
   return flat;
 }
 
