@@ -343,6 +343,105 @@ Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const G
   return original();
 }
 
+namespace detail {
+namespace {
+
+std::string coalesced_error(const ProcessGroup& g, const std::vector<std::vector<at::Tensor>>& outputs,
+                            const std::vector<at::Tensor>& inputs) {
+  const std::string where = fmt::format("all_gather_coalesced on {}", group_label(g));
+  if (inputs.empty()) return where + ": no input tensors";
+  if (outputs.size() != static_cast<size_t>(g.size())) {
+    return fmt::format("{}: {} output lists, expected one per rank ({})", where, outputs.size(), g.size());
+  }
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    if (outputs[r].size() != inputs.size()) {
+      return fmt::format("{}: output list {} has {} tensors, expected {} (one per input)", where, r, outputs[r].size(),
+                         inputs.size());
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const at::Tensor& in = inputs[i];
+      const at::Tensor& out = outputs[r][i];
+      if (in.scalar_type() != inputs[0].scalar_type()) {
+        return fmt::format("{}: input {} is {} but input 0 is {}; the inputs share one dtype", where, i, describe(in),
+                           describe(inputs[0]));
+      }
+      if (out.scalar_type() != in.scalar_type() || out.sizes() != in.sizes()) {
+        return fmt::format("{}: output [{}][{}] is {}, expected {} (input {})", where, r, i, describe(out),
+                           describe(in), i);
+      }
+    }
+  }
+  return "";
+}
+
+// Rank r's inputs, in order, from the flat all-gather result into outputs[r][i].
+void copy_out_of_flat(const at::Tensor& flat, const std::vector<std::vector<at::Tensor>>& outputs) {
+  int64_t off = 0;
+  for (const auto& list : outputs) {
+    for (const at::Tensor& out : list) {
+      backend_view(out).copy_(flat.narrow(0, off, out.numel()).view(out.sizes()));
+      off += out.numel();
+      bump_version(out);
+    }
+  }
+}
+
+// The flat way: one all_gather_into_tensor (patched, checked and counted as any), then the copy out.
+Work all_gather_coalesced_through_flat(const std::vector<std::vector<at::Tensor>>& outputs,
+                                       const std::vector<at::Tensor>& inputs, const GroupPtr& group, bool async_op) {
+  std::vector<at::Tensor> flat_inputs;
+  for (const at::Tensor& in : inputs) flat_inputs.push_back(backend_view(in).reshape({-1}));
+  at::Tensor flat_in = flat_inputs.size() == 1 ? flat_inputs[0].contiguous() : at::cat(flat_inputs);
+  at::Tensor flat_out = at::empty({static_cast<int64_t>(outputs.size()) * flat_in.numel()}, flat_in.options());
+  auto w = std::make_shared<Work>(comm::all_gather_into_tensor(flat_out, flat_in, group, /*async_op=*/true));
+  return finish(
+      {},
+      [w, flat_out, outputs] {
+        w->wait();
+        copy_out_of_flat(flat_out, outputs);
+      },
+      async_op);
+}
+
+}  // namespace
+
+Work all_gather_coalesced(const std::vector<std::vector<at::Tensor>>& outputs, const std::vector<at::Tensor>& inputs,
+                          const GroupPtr& group, bool async_op) {
+  const ProcessGroup& g = *resolve(group);
+  int64_t total = 0;
+  for (const at::Tensor& in : inputs) total += in.numel();
+  // What the ranks compare: the one flat input this all-gather stands for (no memory of its own).
+  at::Tensor flat_shape = inputs.empty() ? at::Tensor() : at::empty({1}, inputs[0].options()).expand({total});
+  if (std::string err = coalesced_error(g, outputs, inputs); !err.empty()) {
+    agree(g, {.op = Coll::AllGather, .tensor = flat_shape, .local_error = err});  // throws on every rank
+  }
+  if (t_all_gather_patch || !g.all_gather_coalesced_into_outputs()) {
+    return all_gather_coalesced_through_flat(outputs, inputs, group, async_op);
+  }
+  agree(g, {.op = Coll::AllGather, .tensor = flat_shape});
+  record(OpKind::AllGatherBase, total * inputs[0].element_size());
+  record_path(g, "all_gather_into_tensor", true);
+  std::vector<at::Tensor> ins;
+  for (const at::Tensor& in : inputs) ins.push_back(backend_view(in));
+  std::vector<std::vector<at::Tensor>> outs(outputs.size());
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    for (const at::Tensor& out : outputs[r]) outs[r].push_back(backend_view(out));
+  }
+  c10d::AllgatherOptions opts;
+  opts.timeout = g.options().timeout;
+  auto w = g.backend().allgather_coalesced(outs, ins, opts);
+  return finish(
+      std::move(w),
+      [outputs, ins] {
+        for (const auto& list : outputs) {
+          for (const at::Tensor& out : list) bump_version(out);
+        }
+      },
+      async_op);
+}
+
+}  // namespace detail
+
 Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op, const GroupPtr& group,
                            bool async_op) {
   refuse_wrapper("reduce_scatter_tensor", "output", output);
