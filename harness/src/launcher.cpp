@@ -192,6 +192,7 @@ void start_local_ranks(const LaunchSpec& spec, const std::string& temp_dir, Supe
     Pipes p;
     std::vector<int> all(spec.world_size);
     std::iota(all.begin(), all.end(), 0);
+    HoldTermination hold;  // until the host is tracked: [Note: nothing untracked when the interrupt comes]
     pid_t pid = checked_fork();
     if (pid == 0) {
       become_rank_process(parent, p, parent_fds);
@@ -202,6 +203,7 @@ void start_local_ranks(const LaunchSpec& spec, const std::string& temp_dir, Supe
   }
   for (int r = 0; r < spec.world_size; ++r) {
     Pipes p;
+    HoldTermination hold;  // until the rank is tracked: [Note: nothing untracked when the interrupt comes]
     pid_t pid = checked_fork();
     if (pid == 0) {
       become_rank_process(parent, p, parent_fds);

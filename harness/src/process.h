@@ -2,6 +2,7 @@
 // the first-failure abort, and turns what it saw into an Outcome.
 #pragma once
 
+#include <signal.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -70,6 +71,22 @@ class Supervisor {
   std::vector<Failure> failures_in_order_;
   Reports reports_;          // [Note: rank reports]: the union over ranks  // every rank's failures, as they arrived
   int first_bad_rank_ = -1;  // the rank whose failure, skip or crash came first
+};
+
+// [Note: nothing untracked when the interrupt comes] on_terminate kills the tracked rank
+// processes and removes the tracked temp dir. A rank forked but not yet tracked, or a temp dir
+// made but not yet tracked, would outlive it: SIGINT, SIGTERM and SIGHUP are held back while one
+// is made and tracked, and arrive when this guard ends (a forked rank lets them through once its
+// handlers are the defaults again: reset_signal_handlers_in_child).
+class HoldTermination {
+ public:
+  HoldTermination();
+  ~HoldTermination();
+  HoldTermination(const HoldTermination&) = delete;
+  HoldTermination& operator=(const HoldTermination&) = delete;
+
+ private:
+  sigset_t previous_;
 };
 
 // A fresh private temp dir for one test ($TMPDIR or /tmp); removed by remove_temp_dir.

@@ -644,6 +644,16 @@ TEST(HarnessMustFail, InterruptKillsRanksAndRemovesTempDir) {
   expect_clean(r);
 }
 
+// [Note: the interrupt handler allocates nothing]: files and directories a rank left in the temp
+// dir go too.
+TEST(HarnessMustFail, InterruptRemovesWhatRanksWroteInTheTempDir) {
+  ChildOptions o;
+  o.interrupt_after_s = 1.5;
+  ChildRun r = run_child("MustFail.LongHangWithFiles", o);
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.output;
+  expect_clean(r);
+}
+
 TEST(HarnessMustFail, ExpectationsTurnFailIntoXfailAndPassIntoXpass) {
   std::string dir = fresh_dir("expect");
   std::ofstream(dir + "/exp.json") << R"({"tests": {

@@ -173,6 +173,15 @@ TDC_DIST_TEST(MustFail, SpawnHangOnOneRank, .timeout_s = 3, .launcher = Launcher
 // For the interrupt test: runs until the harness is killed from outside.
 TDC_DIST_TEST(MustFail, LongHang, .timeout_s = 120) { tdc_mustfail::sleep_forever(); }
 
+// For the interrupt self-test: a tree two directories deep in the test's temp dir, then a hang.
+// The interrupt handler removes all of it ([Note: the interrupt handler allocates nothing]).
+TDC_DIST_TEST(MustFail, LongHangWithFiles, .timeout_s = 120) {
+  const std::filesystem::path deep = ctx().temp_dir / ("rank" + std::to_string(ctx().rank)) / "a" / "b";
+  std::filesystem::create_directories(deep);  // <filesystem> comes with ctx().temp_dir (harness.h)
+  if (FILE* f = std::fopen((deep / "file").c_str(), "w")) std::fclose(f);
+  tdc_mustfail::sleep_forever();
+}
+
 // For the env launcher: rank 1 fails, rank 0 must report it.
 TDC_DIST_TEST(MustFail, EnvFailOnRank1, .world_size = 2) { EXPECT_NE(ctx().rank, 1) << "rank 1 fails on purpose"; }
 
