@@ -9,7 +9,6 @@
 
 #include "tdc/comm/argument_checks.h"
 #include "tdc/comm/detail/collectives.h"
-#include "tdc/core/wrapper_tensor.h"
 
 namespace tdc::fsdp {
 
@@ -38,12 +37,8 @@ comm::Work chain(comm::Work first, comm::Work second) {
   });
 }
 
-// Whether params[idx] can be gathered into their unsharded tensors: every one splits evenly, and
-// none is a wrapper tensor (its copy-in into the flat buffer picks what is sent: extension.cpp).
-bool gathers_into_unsharded(const std::vector<FSDPParam>& params, const std::vector<size_t>& idx, int64_t shard_size) {
-  return std::all_of(idx.begin(), idx.end(), [&](size_t i) {
-    return params[i].splits_evenly(shard_size) && !core::is_wrapper(params[i].sharded());
-  });
+bool split_evenly(const std::vector<FSDPParam>& params, const std::vector<size_t>& idx, int64_t shard_size) {
+  return std::all_of(idx.begin(), idx.end(), [&](size_t i) { return params[i].splits_evenly(shard_size); });
 }
 
 // The shards of params[idx] as they are (in `dtype`), each rank's rows straight into the unsharded
@@ -75,7 +70,7 @@ AllGatherResult foreach_all_gather(std::vector<FSDPParam>& params, const MeshInf
   }
   AllGatherResult result;
   for (auto& [dtype, idx] : by_dtype) {
-    if (mesh_info.shard_size > 1 && gathers_into_unsharded(params, idx, mesh_info.shard_size)) {
+    if (mesh_info.shard_size > 1 && split_evenly(params, idx, mesh_info.shard_size)) {
       comm::ScopedArgumentChecks scoped(checks.all_gather ? false : comm::argument_checks());
       checks.all_gather = true;
       comm::Work w = all_gather_into_unsharded(params, idx, dtype, mesh_info, async_op);
