@@ -120,30 +120,6 @@ TDC_DIST_TEST(FSDPTest, TrainParityWorld3, .world_size = 3, .timeout_s = 120) { 
 
 // One model called twice before backward (two inputs in one graph): every block's group has two
 // autograd nodes; the first to run must not free the storage the other call's saved tensors use.
-// [Note: all-gathers into their destinations]: MLPStack(8)'s parameters all split evenly over two
-// ranks (the padded path above, MLPStack(5), does not), so each group's all-gather writes every
-// rank's rows straight into the unsharded tensors: contiguous row blocks on dim 0, strided column
-// blocks on dim 1. Training matches the reference as on the padded path.
-TDC_DIST_TEST(FSDPTest, EvenGroupsGatherIntoTheUnshardedTensors, .world_size = 2) {
-  harness::subtests({{"shard_dim", {int64_t(0), int64_t(1)}}, {"reshard_after_forward", {true, false}}},
-                    [](const harness::Params& p) {
-                      conformance::world();
-                      at::manual_seed(42);
-                      nn::ModulePtr model = std::make_shared<fixtures::MLPStack>(8);
-                      nn::ModulePtr ref = reference_copy(*model);
-                      const int64_t dim = p.get<int64_t>("shard_dim");
-                      for (const at::Tensor& w : model->params()) ASSERT_EQ(w.size(w.dim() > 1 ? dim : 0) % 2, 0);
-                      fsdp::FullyShardOptions opts;
-                      opts.reshard_after_forward = p.get<bool>("reshard_after_forward");
-                      opts.shard_placement_fn = [dim](const at::Tensor& t, const tensor::DTensorSpec*,
-                                                      const std::string&) {
-                        return std::optional<tensor::Shard>(tensor::Shard{t.dim() > 1 ? dim : 0});
-                      };
-                      shard_model(*model, "mlp", opts);
-                      train_steps(*model, *ref, at::randn({2, 8}, gen(7 + ctx().rank)), 3);
-                    });
-}
-
 TDC_DIST_TEST(FSDPTest, TwoForwardsOneBackward, .world_size = 2) {
   harness::subtests({{"model", {std::string("mlp"), std::string("transformer")}}}, [](const harness::Params& prm) {
     const std::string name = prm.get<std::string>("model");

@@ -26,10 +26,8 @@ struct BackendRegistry::Impl {
 
 BackendRegistry::BackendRegistry() : impl_(std::make_shared<Impl>()) {
   impl_->factories["gloo"] = &detail::make_gloo_backend;
-  impl_->ops["gloo"] = {.reduce_scatter = compat::kGlooReduceScatterHonoursOp,
-                        .avg = false,
-                        .two_rank_reduce_scatter_by_alltoall = true,
-                        .all_gather_coalesced_into_outputs = true};
+  impl_->ops["gloo"] = {
+      .reduce_scatter = compat::kGlooReduceScatterHonoursOp, .avg = false, .two_rank_reduce_scatter_by_alltoall = true};
   if (detail::nccl_available()) {
     impl_->factories["nccl"] = &detail::make_nccl_backend;
     impl_->ops["nccl"] = {.reduce_scatter = true, .avg = true};

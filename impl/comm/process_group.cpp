@@ -49,7 +49,6 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive
   native_avg_ = ops.avg;
   native_reduce_scatter_ = ops.reduce_scatter;
   two_rank_alltoall_ = ops.two_rank_reduce_scatter_by_alltoall;
-  all_gather_into_outputs_ = ops.all_gather_coalesced_into_outputs;
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

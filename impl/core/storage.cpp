@@ -44,12 +44,4 @@ void copy_quietly(const at::Tensor& dst, const at::Tensor& src) {
   dst.copy_(src);
 }
 
-at::Tensor alias_of(const at::Tensor& view) {
-  at::AutoDispatchBelowADInplaceOrView guard;
-  at::NoGradGuard no_grad;
-  at::Tensor alias = at::empty({0}, view.options());
-  alias.set_(view.storage(), view.storage_offset(), view.sizes(), view.strides());
-  return alias;
-}
-
 }  // namespace tdc::core

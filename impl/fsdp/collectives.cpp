@@ -1,14 +1,12 @@
 // FSDP2's collectives (collectives.h).
 #include "collectives.h"
 
-#include <algorithm>
 #include <map>
 #include <memory>
 
 #include <ATen/ATen.h>
 
 #include "tdc/comm/argument_checks.h"
-#include "tdc/comm/detail/collectives.h"
 
 namespace tdc::fsdp {
 
@@ -37,26 +35,6 @@ comm::Work chain(comm::Work first, comm::Work second) {
   });
 }
 
-bool split_evenly(const std::vector<FSDPParam>& params, const std::vector<size_t>& idx, int64_t shard_size) {
-  return std::all_of(idx.begin(), idx.end(), [&](size_t i) { return params[i].splits_evenly(shard_size); });
-}
-
-// The shards of params[idx] as they are (in `dtype`), each rank's rows straight into the unsharded
-// tensors: [Note: all-gathers into their destinations] (param.cpp).
-comm::Work all_gather_into_unsharded(std::vector<FSDPParam>& params, const std::vector<size_t>& idx,
-                                     at::ScalarType dtype, const MeshInfo& mesh_info, bool async_op) {
-  std::vector<at::Tensor> inputs;
-  std::vector<std::vector<at::Tensor>> outputs(mesh_info.shard_size);
-  for (size_t i : idx) {
-    FSDPParam& p = params[i];
-    inputs.push_back(p.sharded().detach().to(dtype));
-    p.record_gathered_version();
-    std::vector<at::Tensor> pieces = p.unsharded_pieces(mesh_info.shard_size, inputs.back().options());
-    for (int64_t r = 0; r < mesh_info.shard_size; ++r) outputs[r].push_back(std::move(pieces[r]));
-  }
-  return comm::detail::all_gather_coalesced(outputs, inputs, mesh_info.shard_pg, async_op);
-}
-
 }  // namespace
 
 AllGatherResult foreach_all_gather(std::vector<FSDPParam>& params, const MeshInfo& mesh_info,
@@ -70,14 +48,6 @@ AllGatherResult foreach_all_gather(std::vector<FSDPParam>& params, const MeshInf
   }
   AllGatherResult result;
   for (auto& [dtype, idx] : by_dtype) {
-    if (mesh_info.shard_size > 1 && split_evenly(params, idx, mesh_info.shard_size)) {
-      comm::ScopedArgumentChecks scoped(checks.all_gather ? false : comm::argument_checks());
-      checks.all_gather = true;
-      comm::Work w = all_gather_into_unsharded(params, idx, dtype, mesh_info, async_op);
-      if (async_op) result.work = chain(std::move(result.work), std::move(w));
-      result.buckets.push_back({idx, at::Tensor()});
-      continue;
-    }
     const int64_t total = padded_total(params, idx);
     at::Tensor in = at::empty({total}, at::TensorOptions().dtype(dtype).device(params[idx[0]].sharded().device()));
     int64_t off = 0;
@@ -107,7 +77,6 @@ void foreach_all_gather_copy_out(AllGatherResult& result, std::vector<FSDPParam>
     if (p.has_extension()) p.extension_to_unsharded();
   }
   for (auto& bucket : result.buckets) {
-    if (!bucket.output.defined()) continue;  // gathered into the unsharded tensors
     at::Tensor grid = bucket.output.view({mesh_info.shard_size, padded_total(params, bucket.params)});
     int64_t off = 0;
     for (size_t i : bucket.params) {

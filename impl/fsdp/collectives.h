@@ -28,16 +28,13 @@ struct AllGatherResult {
   comm::Work work;
   struct Bucket {
     std::vector<size_t> params;  // indices into the group's parameters
-    at::Tensor output;           // [shard_size * sum(padded_numel)]; undefined: gathered into the
-                                 // unsharded tensors directly ([Note: all-gathers into their destinations])
+    at::Tensor output;           // [shard_size * sum(padded_numel)]
   };
   std::vector<Bucket> buckets;
 };
 
 // Copy-in and issue: every parameter's rows into one buffer per dtype, then the collective (async
-// or not; wait on the result's work). Records the gathered shard versions. Where every parameter
-// of a dtype splits evenly (no padding), its shards go to the collective as they are and their
-// rows land in the unsharded tensors ([Note: all-gathers into their destinations], param.cpp).
+// or not; wait on the result's work). Records the gathered shard versions.
 AllGatherResult foreach_all_gather(std::vector<FSDPParam>& params, const MeshInfo& mesh_info,
                                    const MixedPrecisionPolicy& mp, bool async_op, CollectiveChecks& checks);
 // Waits, then copies out into each parameter's unsharded tensor.

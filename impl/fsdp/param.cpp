@@ -142,34 +142,15 @@ void FSDPParam::to_unsharded(const at::Tensor& gathered_columns, int64_t shard_s
   for (int64_t d = 0; d < static_cast<int64_t>(local_shape_.size()); ++d) {
     if (d != dim_) rank_rows.push_back(local_shape_[d]);
   }
-  allocate_unsharded(gathered_columns.options());
+  if (!unsharded_.defined()) unsharded_ = at::empty(local_shape_, gathered_columns.options());
+  alloc_storage(unsharded_);
+  count_unsharded_bytes(true);
   const at::Tensor rows = unsharded_.detach().movedim(dim_, 0);  // [rows_, other dims]: a view
   for (int64_t r = 0; r < shard_size; ++r) {
     const tensor::ChunkRange cr = tensor::chunk_range(rows_, shard_size, r);
     if (cr.size == 0) continue;
     copy_quietly(rows.narrow(0, cr.offset, cr.size), gathered_columns[r].view(rank_rows).narrow(0, 0, cr.size));
   }
-}
-
-void FSDPParam::allocate_unsharded(const at::TensorOptions& options) {
-  if (!unsharded_.defined()) unsharded_ = at::empty(local_shape_, options);
-  alloc_storage(unsharded_);
-  count_unsharded_bytes(true);
-}
-
-// [Note: all-gathers into their destinations] (tdc/comm/backend_registry.h): rank r's rows of the
-// unsharded tensor are where the all-gather puts rank r's shard. The pieces are views of an
-// autograd-free alias (variable_data): the collective writing them is not an in-place change of
-// the tensor autograd saved in forward (as copy_quietly in to_unsharded).
-std::vector<at::Tensor> FSDPParam::unsharded_pieces(int64_t shard_size, const at::TensorOptions& options) {
-  allocate_unsharded(options);
-  const at::Tensor alias = unsharded_.variable_data();
-  std::vector<at::Tensor> pieces;
-  for (int64_t r = 0; r < shard_size; ++r) {
-    const tensor::ChunkRange cr = tensor::chunk_range(rows_, shard_size, r);
-    pieces.push_back(alias.narrow(dim_, cr.offset, cr.size));
-  }
-  return pieces;
 }
 
 void FSDPParam::free_unsharded() {

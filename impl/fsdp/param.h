@@ -81,11 +81,6 @@ class FSDPParam {
   // Writes the gathered rows (this parameter's [shard_size, padded_numel] columns of the output)
   // into the unsharded tensor, re-allocating freed storage.
   void to_unsharded(const at::Tensor& gathered_columns, int64_t shard_size);
-  // Whether every rank of a shard group of `shard_size` holds the same number of rows (no padding).
-  bool splits_evenly(int64_t shard_size) const { return rows_ % shard_size == 0; }
-  // Rank r's rows of the unsharded tensor (re-allocated), each the shape of the shard, for the
-  // all-gather to write into: [Note: all-gathers into their destinations] (param.cpp).
-  std::vector<at::Tensor> unsharded_pieces(int64_t shard_size, const at::TensorOptions& options);
   // Frees the unsharded storage (and the extension's buffers); removes the substitutes.
   void free_unsharded();
   // Hands `unsharded` (the group's autograd output for this parameter) to every use.
@@ -116,7 +111,6 @@ class FSDPParam {
  private:
   void init_spec(const ParamPlan& plan, const MeshInfo& mesh_info);
   void count_unsharded_bytes(bool on);
-  void allocate_unsharded(const at::TensorOptions& options);
 
   std::string fqn_;
   ParamUses uses_;

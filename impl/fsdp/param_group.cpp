@@ -6,8 +6,6 @@
 
 #include <ATen/core/grad_mode.h>
 
-#include "tdc/core/storage.h"
-
 namespace tdc::fsdp {
 
 ParamGroup::ParamGroup(std::vector<FSDPParam> params, MeshInfo mesh_info, const FullyShardOptions& options)
@@ -104,9 +102,8 @@ void ParamGroup::accumulate_into_shards(const std::vector<at::Tensor>& shard_gra
     if (grad.defined()) {
       grad.add_(shard_grads[i]);
     } else {
-      // Over the reduce-scatter output, no copy; a view would refuse the optimizer's zero_grad
-      // (detach_): [Note: an alias that is not a view] (tdc/core/storage.h).
-      grad = shard_grads[i].is_view() ? core::alias_of(shard_grads[i]) : shard_grads[i];
+      // A view of the reduce-scatter output would refuse the optimizer's zero_grad (detach_).
+      grad = shard_grads[i].is_view() ? shard_grads[i].clone() : shard_grads[i];
     }
   }
 }

@@ -43,13 +43,6 @@ struct BackendOps {
   // values and costs about what an all-reduce costs; its all-to-all is one exchange: half the time at
   // two ranks (docs/bench/README.md, "Gloo's reduce-scatter"). CommTest checks the bits.
   bool two_rank_reduce_scatter_by_alltoall = false;
-  // [Note: all-gathers into their destinations] The backend's allgather_coalesced takes one
-  // output tensor per rank and input (any strides) and copies its result into them, as Gloo's
-  // does: Gloo gathers into a buffer of its own and copies out of it in every all-gather, so
-  // tdc::comm::detail::all_gather_coalesced hands it the caller's destinations instead of a flat
-  // output the caller would copy out of again. Without it (NCCL, plug-ins) the same call gathers
-  // into a flat buffer and copies out.
-  bool all_gather_coalesced_into_outputs = false;
 };
 
 class BackendRegistry {

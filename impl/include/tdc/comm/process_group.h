@@ -54,14 +54,11 @@ class ProcessGroup {
   bool reduce_scatter_by_alltoall(ReduceOp op) const {
     return two_rank_alltoall_ && size_ == 2 && (op == ReduceOp::SUM || op == ReduceOp::AVG);
   }
-  // [Note: all-gathers into their destinations] (backend_registry.h).
-  bool all_gather_coalesced_into_outputs() const { return all_gather_into_outputs_; }
   // Use tdc's emulations of AVG and reduce-scatter on this group even where the backend has them
   // natively (tests of the emulations; a backend whose native op misbehaves).
   void use_emulations() {
     native_avg_ = false;
     native_reduce_scatter_ = false;
-    all_gather_into_outputs_ = false;
   }
 
   ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> backend, int rank, int size,
@@ -76,7 +73,6 @@ class ProcessGroup {
   bool native_avg_ = false;
   std::optional<bool> native_reduce_scatter_;
   bool two_rank_alltoall_ = false;
-  bool all_gather_into_outputs_ = false;
 };
 using GroupPtr = std::shared_ptr<ProcessGroup>;
 

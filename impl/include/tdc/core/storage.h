@@ -15,10 +15,4 @@ bool has_storage_allocated(const at::Tensor& t);
 // Writes `src` into `dst` without bumping dst's version counter (autograd saved aliases of it).
 void copy_quietly(const at::Tensor& dst, const at::Tensor& src);
 
-// [Note: an alias that is not a view] A tensor over the same memory as `view` (same storage,
-// offset, sizes and strides) that autograd does not know as a view, with its own version
-// counter: what LibTorch's Optimizer::zero_grad can detach_ in place, where a view throws. FSDP2
-// makes a shard's gradient so over the reduce-scatter output, as PyTorch's as_strided does.
-at::Tensor alias_of(const at::Tensor& view);
-
 }  // namespace tdc::core
