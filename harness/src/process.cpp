@@ -32,7 +32,7 @@ volatile sig_atomic_t g_interrupted = 0;
 // gdb showed the handler's nftw waiting in malloc, called from inside fork). So the temp dir is
 // removed with system calls and stack buffers only, and SIGTERM is held back around fork anyway
 // ([Note: nothing untracked when the interrupt comes], process.h). True when `name` is gone.
-bool remove_tree_in_handler(int parent_fd, const char* name, int depth) {
+bool remove_tree(int parent_fd, const char* name, int depth) {
   const int fd = ::openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return ::unlinkat(parent_fd, name, 0) == 0;  // not a directory
   alignas(struct dirent64) char buf[4096];
@@ -48,7 +48,7 @@ bool remove_tree_in_handler(int parent_fd, const char* name, int depth) {
         if (std::strcmp(d->d_name, ".") == 0 || std::strcmp(d->d_name, "..") == 0) continue;
         if (::unlinkat(fd, d->d_name, 0) == 0) {
           removed = true;
-        } else if (depth < 16 && remove_tree_in_handler(fd, d->d_name, depth + 1)) {  // a directory
+        } else if (depth < 16 && remove_tree(fd, d->d_name, depth + 1)) {  // a directory
           removed = true;
         }
       }
@@ -71,8 +71,7 @@ void on_terminate(int sig) {
     pid_t p = slot.exchange(0);
     if (p > 0) waitpid(p, nullptr, 0);
   }
-  if (g_temp_dir[0])
-    remove_tree_in_handler(AT_FDCWD, g_temp_dir, 0);  // [Note: the interrupt handler allocates nothing]
+  if (g_temp_dir[0]) remove_tree(AT_FDCWD, g_temp_dir, 0);  // [Note: the interrupt handler allocates nothing]
   signal(sig, SIG_DFL);
   raise(sig);
 }
@@ -140,8 +139,7 @@ std::string make_temp_dir(const std::string& test_id) {
 }
 
 void remove_temp_dir(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::remove_all(path, ec);
+  remove_tree(AT_FDCWD, path.c_str(), 0);  // the handler's way too: one way to remove a temp dir
   track_temp_dir("");
 }
 
