@@ -26,8 +26,10 @@ struct BackendRegistry::Impl {
 
 BackendRegistry::BackendRegistry() : impl_(std::make_shared<Impl>()) {
   impl_->factories["gloo"] = &detail::make_gloo_backend;
-  impl_->ops["gloo"] = {
-      .reduce_scatter = compat::kGlooReduceScatterHonoursOp, .avg = false, .two_rank_reduce_scatter_by_alltoall = true};
+  impl_->ops["gloo"] = {.reduce_scatter = compat::kGlooReduceScatterHonoursOp,
+                        .avg = false,
+                        .two_rank_reduce_scatter_by_alltoall = true,
+                        .all_gather_by_p2p = true};
   if (detail::nccl_available()) {
     impl_->factories["nccl"] = &detail::make_nccl_backend;
     impl_->ops["nccl"] = {.reduce_scatter = true, .avg = true};

@@ -187,9 +187,45 @@ Work all_reduce(at::Tensor& tensor, ReduceOp op, const GroupPtr& group, bool asy
       async_op);
 }
 
+// [Note: a large all-gather by sends and receives] (backend_registry.h): every rank sends its
+// input to each other rank and receives theirs straight into the output's chunks, all posted at
+// once; its own chunk is a local copy. One Work waits for all the messages, even after one failed.
+Work all_gather_by_p2p(ProcessGroup& g, const Staged& s, const at::Tensor& in_flat, const at::Tensor& out_flat,
+                       bool async_op) {
+  const int n = g.size(), me = g.rank();
+  const int tag = g.next_collective_tag();
+  const int64_t k = in_flat.numel();
+  auto works = std::make_shared<std::vector<c10::intrusive_ptr<c10d::Work>>>();
+  for (int d = 1; d < n; ++d) {
+    std::vector<at::Tensor> to_send{in_flat};
+    works->push_back(g.backend().send(to_send, (me + d) % n, tag));
+    const int from = (me - d + n) % n;
+    std::vector<at::Tensor> into{out_flat.narrow(0, from * k, k)};
+    works->push_back(g.backend().recv(into, from, tag));
+  }
+  out_flat.narrow(0, me * k, k).copy_(in_flat);
+  record_path(g, "all_gather_into_tensor", false);
+  return finish(
+      {},
+      [works, s, in_flat] {
+        std::exception_ptr failed;
+        for (auto& w : *works) {
+          try {
+            w->wait();
+          } catch (...) {
+            if (!failed) failed = std::current_exception();
+          }
+        }
+        works->clear();
+        if (failed) std::rethrow_exception(failed);
+        s.publish();
+      },
+      async_op);
+}
+
 Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const GroupPtr& group, bool async_op,
                             std::optional<OpKind> record_as) {
-  const ProcessGroup& g = *resolve(group);
+  ProcessGroup& g = *resolve(group);
   agree(g, {.op = Coll::AllGather,
             .tensor = input,
             .local_error = size_error("all_gather_into_tensor", g, "output", output, "input", input)});
@@ -199,6 +235,7 @@ Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const G
   AT_ASSERT(s.buf.numel() == in.numel() * g.size());
   at::Tensor out_flat = s.buf.view({g.size() * std::max<int64_t>(in.numel(), 0)});
   at::Tensor in_flat = in.view({in.numel()});
+  if (g.all_gather_by_p2p(in_flat.nbytes())) return all_gather_by_p2p(g, s, in_flat, out_flat, async_op);
   c10d::AllgatherOptions opts;
   opts.timeout = g.options().timeout;
   record_path(g, "all_gather_into_tensor", true);
@@ -451,6 +488,14 @@ void check_peer(const char* op, const char* what, int peer, const ProcessGroup& 
                     op, detail::group_label(g), what, peer, g.rank()));
   }
 }
+// [Note: a large all-gather by sends and receives]: tags from kCollectiveTagBase up are tdc's.
+void check_tag(const char* op, int tag, const ProcessGroup& g) {
+  if (tag < 0 || static_cast<uint32_t>(tag) >= ProcessGroup::kCollectiveTagBase) {
+    throw std::invalid_argument(fmt::format("{} on {}: tag {} is not in [0, {}) (tags from {} up are tdc::comm's own)",
+                                            op, detail::group_label(g), tag, ProcessGroup::kCollectiveTagBase,
+                                            ProcessGroup::kCollectiveTagBase));
+  }
+}
 }  // namespace
 
 // Point-to-point ops have no cross-rank check: only two ranks take part and they may differ in
@@ -460,6 +505,7 @@ Work send(const at::Tensor& tensor, int dst, const GroupPtr& group, int tag) {
   refuse_wrapper("send", "tensor", tensor);
   const ProcessGroup& g = *resolve(group);
   check_peer("send", "dst", dst, g);
+  check_tag("send", tag, g);
   CommDebugMode::record(OpKind::Send, tensor.nbytes());
   std::vector<at::Tensor> v{detail::backend_view(tensor).contiguous()};
   detail::record_path(g, "send", true);
@@ -471,6 +517,7 @@ Work recv(at::Tensor& tensor, int src, const GroupPtr& group, int tag) {
   refuse_wrapper("recv", "tensor", tensor);
   const ProcessGroup& g = *resolve(group);
   check_peer("recv", "src", src, g);
+  check_tag("recv", tag, g);
   CommDebugMode::record(OpKind::Recv, 0);
   detail::Staged s = detail::stage(tensor);
   std::vector<at::Tensor> v{s.buf};

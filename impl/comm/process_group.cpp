@@ -49,6 +49,11 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive
   native_avg_ = ops.avg;
   native_reduce_scatter_ = ops.reduce_scatter;
   two_rank_alltoall_ = ops.two_rank_reduce_scatter_by_alltoall;
+  p2p_all_gather_ = ops.all_gather_by_p2p;
+}
+
+int ProcessGroup::next_collective_tag() {
+  return static_cast<int>(kCollectiveTagBase | (collective_tags_++ & (kCollectiveTagBase - 1)));
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::create(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

@@ -43,6 +43,20 @@ struct BackendOps {
   // values and costs about what an all-reduce costs; its all-to-all is one exchange: half the time at
   // two ranks (docs/bench/README.md, "Gloo's reduce-scatter"). CommTest checks the bits.
   bool two_rank_reduce_scatter_by_alltoall = false;
+  // [Note: a large all-gather by sends and receives] The backend's send and recv are cheaper
+  // than its all-gather over three or more ranks, so tdc::comm all-gathers an input of at least
+  // ProcessGroup::kAllGatherByP2PMinBytes over such a group by posting, on every rank, one send of
+  // its input and one receive into the output's chunk of each other rank, all at once, and copying
+  // its own chunk locally: the same bytes as the native op, which moves data only. Gloo: its
+  // all-gather is a ring, n - 1 exchanges one after the other, each handed to a worker thread and
+  // copied out of Gloo's own buffer; the sends and receives are one round and land in the output
+  // (docs/bench/README.md, "A large all-gather by sends and receives"). Two ranks, and smaller
+  // inputs, keep the native op: measured, the exchange gained nothing there and small ones cost
+  // more system time. The messages use tags from ProcessGroup::kCollectiveTagBase up, one per
+  // all-gather and group in issue order (every rank issues a group's collectives in the same
+  // order), so they never match a user's send or recv (whose tags tdc::comm keeps below it) nor
+  // another all-gather in flight. AllGatherBySendRecvTest checks the bytes against the native op.
+  bool all_gather_by_p2p = false;
 };
 
 class BackendRegistry {

@@ -3,7 +3,9 @@
 // ranks each have their own.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,6 +56,16 @@ class ProcessGroup {
   bool reduce_scatter_by_alltoall(ReduceOp op) const {
     return two_rank_alltoall_ && size_ == 2 && (op == ReduceOp::SUM || op == ReduceOp::AVG);
   }
+  // [Note: a large all-gather by sends and receives] (backend_registry.h): whether an all-gather
+  // of `input_bytes` per rank runs as sends and receives on this group.
+  static constexpr int64_t kAllGatherByP2PMinBytes = 64 * 1024;
+  bool all_gather_by_p2p(int64_t input_bytes) const {
+    return p2p_all_gather_ && size_ >= 3 && input_bytes >= kAllGatherByP2PMinBytes;
+  }
+  // Point-to-point tags from here up belong to tdc::comm's collectives (send / recv refuse them).
+  static constexpr uint32_t kCollectiveTagBase = 1u << 30;
+  // The tag of this group's next collective made of sends and receives: the same on every rank.
+  int next_collective_tag();
   // Use tdc's emulations of AVG and reduce-scatter on this group even where the backend has them
   // natively (tests of the emulations; a backend whose native op misbehaves).
   void use_emulations() {
@@ -73,6 +85,8 @@ class ProcessGroup {
   bool native_avg_ = false;
   std::optional<bool> native_reduce_scatter_;
   bool two_rank_alltoall_ = false;
+  bool p2p_all_gather_ = false;
+  std::atomic<uint32_t> collective_tags_{0};
 };
 using GroupPtr = std::shared_ptr<ProcessGroup>;
 
