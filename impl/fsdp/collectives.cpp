@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include "tdc/comm/argument_checks.h"
+#include "tdc/core/cpu_block_cache.h"
 
 namespace tdc::fsdp {
 
@@ -49,7 +50,8 @@ AllGatherResult foreach_all_gather(std::vector<FSDPParam>& params, const MeshInf
   AllGatherResult result;
   for (auto& [dtype, idx] : by_dtype) {
     const int64_t total = padded_total(params, idx);
-    at::Tensor in = at::empty({total}, at::TensorOptions().dtype(dtype).device(params[idx[0]].sharded().device()));
+    at::Tensor in =
+        core::empty_reusing({total}, at::TensorOptions().dtype(dtype).device(params[idx[0]].sharded().device()));
     int64_t off = 0;
     for (size_t i : idx) {
       FSDPParam& p = params[i];
@@ -60,7 +62,7 @@ AllGatherResult foreach_all_gather(std::vector<FSDPParam>& params, const MeshInf
     }
     at::Tensor out = in;
     if (mesh_info.shard_size > 1) {
-      out = at::empty({total * mesh_info.shard_size}, in.options());
+      out = core::empty_reusing({total * mesh_info.shard_size}, in.options());
       comm::ScopedArgumentChecks scoped(checks.all_gather ? false : comm::argument_checks());
       checks.all_gather = true;
       comm::Work w = comm::all_gather_into_tensor(out, in, mesh_info.shard_pg, async_op);
@@ -109,7 +111,8 @@ ReduceScatterResult foreach_reduce_scatter(std::vector<FSDPParam>& params, const
   for (auto& [dtype, idx] : by_dtype) {
     const int64_t total = padded_total(params, idx);
     // Copy-in: rank r's chunk of every gradient into row r, padded (with zeros) like the all-gather.
-    at::Tensor in = at::empty({n, total}, at::TensorOptions().dtype(dtype).device(params[idx[0]].sharded().device()));
+    at::Tensor in =
+        core::empty_reusing({n, total}, at::TensorOptions().dtype(dtype).device(params[idx[0]].sharded().device()));
     int64_t off = 0;
     for (size_t i : idx) {
       FSDPParam& p = params[i];
@@ -122,7 +125,7 @@ ReduceScatterResult foreach_reduce_scatter(std::vector<FSDPParam>& params, const
       }
       off += p.padded_numel();
     }
-    at::Tensor reduced = n == 1 ? in.reshape({total}) : at::empty({total}, in.options());
+    at::Tensor reduced = n == 1 ? in.reshape({total}) : core::empty_reusing({total}, in.options());
     result.argument_checks = checks.reduce_scatter ? false : comm::argument_checks();
     comm::ScopedArgumentChecks scoped(result.argument_checks);
     checks.reduce_scatter = true;

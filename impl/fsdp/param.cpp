@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "tdc/comm/collectives.h"
+#include "tdc/core/cpu_block_cache.h"
 #include "tdc/fsdp/testing.h"
 #include "tdc/tensor/module_params.h"
 
@@ -142,7 +143,7 @@ void FSDPParam::to_unsharded(const at::Tensor& gathered_columns, int64_t shard_s
   for (int64_t d = 0; d < static_cast<int64_t>(local_shape_.size()); ++d) {
     if (d != dim_) rank_rows.push_back(local_shape_[d]);
   }
-  if (!unsharded_.defined()) unsharded_ = at::empty(local_shape_, gathered_columns.options());
+  if (!unsharded_.defined()) unsharded_ = core::empty_reusing(local_shape_, gathered_columns.options());
   alloc_storage(unsharded_);
   count_unsharded_bytes(true);
   const at::Tensor rows = unsharded_.detach().movedim(dim_, 0);  // [rows_, other dims]: a view

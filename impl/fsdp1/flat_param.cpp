@@ -1,6 +1,7 @@
 // FlatParamHandle (flat_param.h): [Note: FSDP1 flat parameter].
 #include "flat_param.h"
 
+#include "tdc/core/cpu_block_cache.h"
 #include "tdc/core/storage.h"
 #include "common.h"
 #include "tdc/comm/argument_checks.h"
@@ -181,7 +182,7 @@ void FlatParamHandle::unshard(bool async_op) {
       unshard_state_ = UnshardState::UNSHARDED;
     } else {
       if (!unsharded_.defined()) {
-        unsharded_ = at::empty({padded_numel_}, shard.options());
+        unsharded_ = core::empty_reusing({padded_numel_}, shard.options());
       } else {
         core::alloc_storage(unsharded_);  // a no-op for a stale UNSHARDED vector, gathered again in place
       }
@@ -299,7 +300,7 @@ at::Tensor FlatParamHandle::flatten_grads(const std::vector<at::Tensor>& grads) 
   at::NoGradGuard no_grad;
   // The slots tile [0, numel_) (wrapping.cpp), so each byte is written once: a gradient, zeros for
   // a parameter without one, zeros for the padding.
-  at::Tensor flat = at::empty({padded_numel_}, flat_param_.options().dtype(compute_dtype()).requires_grad(false));
+  at::Tensor flat = core::empty_reusing({padded_numel_}, flat_param_.options().dtype(compute_dtype()));
   for (size_t i = 0; i < slots_.size(); ++i) {
     at::Tensor slot = flat.narrow(0, slots_[i].offset, slots_[i].numel);
     if (i < grads.size() && grads[i].defined()) {
@@ -334,7 +335,7 @@ void FlatParamHandle::reduce_and_accumulate(at::Tensor flat_grad, bool async_op)
   PendingReduce p;
   p.input = flat_grad;
   if (config_.sharded) {
-    p.reduced = at::empty({shard_numel()}, flat_grad.options());
+    p.reduced = core::empty_reusing({shard_numel()}, flat_grad.options());
     p.work =
         comm::reduce_scatter_tensor(p.reduced, flat_grad, comm::ReduceOp::SUM, config_.shard_pg, /*async_op=*/true);
   } else {
