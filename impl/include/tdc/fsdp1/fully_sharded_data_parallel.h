@@ -124,7 +124,6 @@ struct SummonOptions {
   bool with_grads = false;      // full gradients too (use_orig_params = true only)
 };
 
-class FlatParamHandle;
 class UnitState;
 
 // The FSDP1 wrapper: an nn::Module whose only child is the wrapped module, "_fsdp_wrapped_module".
