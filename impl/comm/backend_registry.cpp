@@ -28,7 +28,7 @@ BackendRegistry::BackendRegistry() : impl_(std::make_shared<Impl>()) {
   impl_->factories["gloo"] = &detail::make_gloo_backend;
   impl_->ops["gloo"] = {.reduce_scatter = compat::kGlooReduceScatterHonoursOp,
                         .avg = false,
-                        .two_rank_reduce_scatter_by_alltoall = true,
+                        .reduce_scatter_by_alltoall = true,
                         .all_gather_by_p2p = true};
   if (detail::nccl_available()) {
     impl_->factories["nccl"] = &detail::make_nccl_backend;

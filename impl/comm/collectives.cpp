@@ -2,6 +2,7 @@
 #include "tdc/libtorch_compat.h"
 #include "tdc/comm/op_paths.h"
 #include "tdc/comm/testing.h"
+#include "tdc/core/cpu_block_cache.h"
 #include "tdc/core/wrapper_tensor.h"
 
 #include <cstdio>
@@ -12,6 +13,7 @@
 
 #include "checks.h"
 #include "internal.h"
+#include "ring_order.h"
 
 namespace tdc::comm {
 
@@ -244,8 +246,8 @@ Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const G
       std::move(w), [s, in] { s.publish(); }, async_op);
 }
 
-// The emulated reduce-scatter's local reduction into `out`: rows[0] op rows[1] op ..., left to
-// right. For SUM over two ranks that is the one addition a native reduce-scatter does.
+// The emulated reduce-scatter's local reduction into `out` for a backend without a native one:
+// rows[0] op rows[1] op ..., left to right.
 void reduce_in_rank_order(at::Tensor out, const at::Tensor& rows, ReduceOp op) {
   const int64_t n = rows.size(0);
   if (op == ReduceOp::MAX || op == ReduceOp::MIN) {
@@ -301,21 +303,28 @@ Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp
           async_op);
     }
   }
-  // Emulation (backends without a native reduce-scatter that honours the op, and two-rank SUM /
-  // AVG where the all-to-all is cheaper: [Note: a two-rank reduce-scatter by all-to-all]): one
+  // Emulation (backends without a native reduce-scatter that honours the op, and SUM / AVG where
+  // the all-to-all is cheaper: [Note: a reduce-scatter by all-to-all, in the ring's order]): one
   // all-to-all moves chunk r of every rank to rank r (bandwidth-optimal, like a ring
-  // reduce-scatter), then the n received chunks are reduced locally, in rank order.
+  // reduce-scatter), then the n received chunks are reduced locally: in the ring's order where
+  // that is why it runs, else in rank order.
   record_path(g, "reduce_scatter_tensor", false);
   record_avg(g, op, true);
-  at::Tensor received = at::empty_like(in);
+  at::Tensor received = core::empty_reusing(in.sizes(), in.options());
   std::vector<int64_t> even;
   c10d::AllToAllOptions opts;
   opts.timeout = g.options().timeout;
   auto w = g.backend().alltoall_base(received, in, even, even, opts);
+  const bool ring_order = g.reduce_scatter_by_alltoall(op);
   return finish(
       std::move(w),
-      [s, received, op, n] {
-        reduce_in_rank_order(s.buf.view({s.buf.numel()}), received.view({n, -1}), op);
+      [s, received, op, n, ring_order, rank = g.rank()] {
+        at::Tensor out = s.buf.view({s.buf.numel()}), rows = received.view({n, -1});
+        if (ring_order) {
+          reduce_in_ring_order(out, rows, op, rank);
+        } else {
+          reduce_in_rank_order(out, rows, op);
+        }
         s.publish();
       },
       async_op);

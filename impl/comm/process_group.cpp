@@ -48,7 +48,7 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive
   const BackendOps ops = BackendRegistry::instance().ops_of(options_.backend);  // [Note: native ops or emulation]
   native_avg_ = ops.avg;
   native_reduce_scatter_ = ops.reduce_scatter;
-  two_rank_alltoall_ = ops.two_rank_reduce_scatter_by_alltoall;
+  alltoall_reduce_scatter_ = ops.reduce_scatter_by_alltoall;
   p2p_all_gather_ = ops.all_gather_by_p2p;
 }
 

@@ -35,14 +35,19 @@ using BackendFactory = std::function<c10::intrusive_ptr<c10d::Backend>(
 struct BackendOps {
   std::optional<bool> reduce_scatter;
   bool avg = false;
-  // [Note: a two-rank reduce-scatter by all-to-all] The backend's all-to-all is cheaper than its
-  // reduce-scatter, so tdc::comm reduce-scatters with SUM or AVG over two ranks by all-to-all plus
-  // one local addition: bit for bit the native result (a + b is commutative; one addition is
-  // the whole reduction). Over three or more ranks the native op runs: its summation order is the
-  // backend's own and tdc does not guess it. Gloo: its reduce-scatter returns the all-reduce's
-  // values and costs about what an all-reduce costs; its all-to-all is one exchange: half the time at
-  // two ranks (docs/bench/README.md, "Gloo's reduce-scatter"). CommTest checks the bits.
-  bool two_rank_reduce_scatter_by_alltoall = false;
+  // [Note: a reduce-scatter by all-to-all, in the ring's order] The backend's all-to-all is
+  // cheaper than its reduce-scatter, so tdc::comm reduce-scatters with SUM or AVG by all-to-all
+  // (one exchange: chunk r of every rank goes to rank r) plus a local sum of the n received rows,
+  // in the order of Gloo's ring all-reduce: for each block of that ring (ring_order.h) the sum
+  // starts from the contribution of the rank before the block's owner and adds the others one at
+  // a time, going down the ring. Gloo: its reduce-scatter is its all-reduce inside (it returns the
+  // all-reduce's chunk and costs about what an all-reduce costs: every byte crosses twice); this
+  // returns the same bits in a third to two thirds of the time (docs/bench/README.md, "Gloo's
+  // reduce-scatter" and "A reduce-scatter by all-to-all at any world size"). At two ranks the order
+  // is the one addition a + b. ReduceScatterByAllToAllTest checks the bits against Gloo's
+  // all-reduce and its own reduce-scatter. A plug-in that sets it gets Gloo's summation order,
+  // which is a valid order but maybe not its own reduce-scatter's.
+  bool reduce_scatter_by_alltoall = false;
   // [Note: a large all-gather by sends and receives] The backend's send and recv are cheaper
   // than its all-gather over three or more ranks, so tdc::comm all-gathers an input of at least
   // ProcessGroup::kAllGatherByP2PMinBytes over such a group by posting, on every rank, one send of

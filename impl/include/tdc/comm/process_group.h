@@ -51,10 +51,10 @@ class ProcessGroup {
   std::optional<bool> native_reduce_scatter() const { return native_reduce_scatter_; }
   // What the first reduce-scatter found out (collectives.cpp).
   void learned_native_reduce_scatter(bool native) { native_reduce_scatter_ = native; }
-  // [Note: a two-rank reduce-scatter by all-to-all] (backend_registry.h): whether a SUM or AVG
-  // reduce-scatter of this group runs as all-to-all plus one addition.
+  // [Note: a reduce-scatter by all-to-all, in the ring's order] (backend_registry.h): whether a
+  // SUM or AVG reduce-scatter of this group runs as all-to-all plus a local sum.
   bool reduce_scatter_by_alltoall(ReduceOp op) const {
-    return two_rank_alltoall_ && size_ == 2 && (op == ReduceOp::SUM || op == ReduceOp::AVG);
+    return alltoall_reduce_scatter_ && size_ >= 2 && (op == ReduceOp::SUM || op == ReduceOp::AVG);
   }
   // [Note: a large all-gather by sends and receives] (backend_registry.h): whether an all-gather
   // of `input_bytes` per rank runs as sends and receives on this group.
@@ -84,7 +84,7 @@ class ProcessGroup {
   std::vector<int> global_ranks_;
   bool native_avg_ = false;
   std::optional<bool> native_reduce_scatter_;
-  bool two_rank_alltoall_ = false;
+  bool alltoall_reduce_scatter_ = false;
   bool p2p_all_gather_ = false;
   std::atomic<uint32_t> collective_tags_{0};
 };
