@@ -1,5 +1,5 @@
 """What PyTorch's Gloo collectives cost on this machine, and whether its reduce-scatter is an
-all-reduce ([Note: a two-rank reduce-scatter by all-to-all], tdc/comm/backend_registry.h;
+all-reduce ([Note: a reduce-scatter by all-to-all, in the ring's order], tdc/comm/backend_registry.h;
 docs/bench/README.md, "Gloo's reduce-scatter").
 
     .venv/bin/python tools/bench/gloo_collectives.py [--worlds 2,3,4]
