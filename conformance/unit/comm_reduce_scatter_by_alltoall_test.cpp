@@ -135,7 +135,9 @@ TDC_DIST_TEST(ReduceScatterByAllToAllTest, RankOrderWouldDiffer) {
   for (int k = 0; k < n; ++k) rank_order.add_(contribution(chunk, n, k).to(at::kFloat).view({n, -1})[r]);
   const at::Tensor gloo = gloo_all_reduce_chunk(g, in);
   const at::Tensor differ = at::ne(rank_order, gloo) & ~at::isnan(gloo);
-  if (r < n - 1) EXPECT_GT(differ.sum().item<int64_t>(), 10) << "rank " << r;
+  if (r < n - 1) {
+    EXPECT_GT(differ.sum().item<int64_t>(), 10) << "rank " << r;
+  }
 }
 
 }  // namespace

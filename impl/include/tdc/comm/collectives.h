@@ -6,9 +6,11 @@
 // ProcessGroup::native_avg() / native_reduce_scatter() say which a group uses):
 //   ReduceOp::AVG                   = SUM, then divide by the group size (floating point only;
 //                                     integer AVG is rejected on every backend)
-//   reduce_scatter_tensor           = alltoall_base + local reduction in rank order (plug-ins and
-//                                     Gloo before LibTorch 2.13, whose _reduce_scatter_base
-//                                     ignored the op; 2.13's honours SUM/MAX/MIN: probed)
+//   reduce_scatter_tensor           = alltoall_base + local reduction in rank order (plug-ins
+//                                     without a native one); on Gloo, SUM and AVG at any group
+//                                     size = alltoall_base + a local sum in the order of Gloo's
+//                                     ring all-reduce, Gloo's own bits ([Note: a reduce-scatter by
+//                                     all-to-all, in the ring's order], backend_registry.h)
 // Dtypes: Gloo in LibTorch 2.13 runs every op here on f32, f64, bf16 and f16 natively (probed and
 // tested), so there is no upcasting emulation.
 // Non-contiguous tensors are staged through a contiguous copy and written back. Outputs are
