@@ -230,9 +230,20 @@ std::vector<std::string> rank_outputs(const Supervisor& sup, const Outcome& outc
   return outputs;
 }
 
+// A launch that throws before its ranks ran (a fork or a pipe that failed: the ranks started so
+// far are reaped by the Supervisor) leaves no temp dir behind either.
+struct RemoveTempDirOnThrow {
+  const std::string& dir;
+  bool armed = true;
+  ~RemoveTempDirOnThrow() {
+    if (armed) remove_temp_dir(dir);
+  }
+};
+
 Outcome launch_local(const LaunchSpec& spec, const std::function<void()>& body) {
   const std::string id = spec.suite + "." + spec.name;
   const std::string temp_dir = make_temp_dir(id);
+  RemoveTempDirOnThrow on_throw{temp_dir};
   Outcome outcome;
   std::vector<std::string> outputs;
   mark_phase(id, -1, "launch");
@@ -242,6 +253,7 @@ Outcome launch_local(const LaunchSpec& spec, const std::function<void()>& body) 
     outcome = sup.run();
     outputs = rank_outputs(sup, outcome);
   }  // Supervisor: everything reaped
+  on_throw.armed = false;
   mark_phase(id, -1, "ranks_done");
   for (auto& o : outputs) std::fputs(o.c_str(), stdout);
   if (internal::settings().keep_temp) {

@@ -49,7 +49,8 @@ struct Outcome {
 };
 
 // Runs body on spec.world_size ranks with the given launcher. Never throws for test failures;
-// they are in the Outcome.
+// they are in the Outcome. Throws std::runtime_error, naming the cause, when the ranks cannot be
+// started (a fork or a pipe that fails), after reaping those started and removing the temp dir.
 Outcome launch(const LaunchSpec& spec, const std::function<void()>& body);
 
 // testing::InitGoogleTest's counterpart, for a program with its own main() that calls launch():
