@@ -13,11 +13,12 @@ rank b-1's values and going down the ring to rank b. Prints, per world, the elem
 """
 import argparse
 import os
-import socket
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from gloo_collectives import free_port  # this folder: the script's own
 
 SIZES = [1, 2, 3, 7, 100, 1001, 16384, 65536, 100003, 262144, 300001, 600000]
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
@@ -73,12 +74,6 @@ def worker(rank, n, port, queue):
             total += chunk
     queue.put((rank, differ, rank_order_differ, total))
     dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main():
