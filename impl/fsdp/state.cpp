@@ -145,8 +145,9 @@ void FSDPState::prefetch_unshard(const std::vector<nn::Module*>& modules) {
 //   post_forward_order); a state starting backward prefetches the one recorded just before its
 //   own latest record (the next to run backward).
 // Every rank runs the same modules in the same order (FSDP's premise), so every rank issues the
-// same collectives in the same order. A prefetched module that does not run is resharded at the
-// end of backward like any other. An explicit prefetch list replaces the implicit choice. The
+// same collectives in the same order. A prefetched module that does not run has its all-gather
+// finished at the end of backward ([Note: a mistargeted prefetch ends with backward]) and is
+// resharded there like any other. An explicit prefetch list replaces the implicit choice. The
 // values gathered are the same, so the numerics do not change; forward recompute (activation
 // checkpointing, inside backward) neither records nor prefetches.
 void FSDPState::record_pre_forward_and_prefetch() {
@@ -303,6 +304,12 @@ void FSDPState::root_post_backward() {
     s->post_forward_indices_.clear();
     s->training_state_ = TrainingState::IDLE;
     s->group_.clear_pending_nodes();  // nodes of unused outputs never run
+    // [Note: a mistargeted prefetch ends with backward] A prefetch whose module did not run left
+    // its all-gather pending. Finished here (PyTorch's finalize_backward waits for it too), the
+    // group is UNSHARDED with the versions it gathered, so after the optimizer changes the shards
+    // the next unshard sees them stale and gathers again. Left pending, the next unshard would only
+    // wait for it and compute with the shards of before the step.
+    s->group_.wait_for_unshard();
     if (s->group_.reshard_after_backward) s->group_.finish_and_reshard();
   }
 }
