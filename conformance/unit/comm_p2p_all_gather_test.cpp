@@ -1,5 +1,5 @@
 // Unit tests of [Note: a large all-gather by sends and receives] (tdc/comm/backend_registry.h):
-// over three or more Gloo ranks, an all-gather of at least kAllGatherByP2PMinBytes per rank runs
+// over three or more Gloo ranks, an all-gather of at least kSmallInputBytes per rank runs
 // as sends and receives. It must return the native all-gather's bytes, keep its messages apart
 // from the user's and from other all-gathers in flight, and leave the user's tags alone.
 #include <cmath>
@@ -55,9 +55,9 @@ bool ran(const std::string& key) { return op_paths()[key].count("all_gather_into
 void gathers_what_gloo_gathers() {
   GroupPtr g = tdc::conformance::world();
   const int n = g->size();
-  const int64_t min = ProcessGroup::kAllGatherByP2PMinBytes;
+  const int64_t min = ProcessGroup::kSmallInputBytes;
   for (at::ScalarType dt : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kLong, at::kByte}) {
-    // Just below the threshold (native), at it, and well above it with an odd element count.
+    // Just below the threshold (by all-to-all), at it, and well above it with an odd element count.
     for (int64_t bytes : {min - 64, min, 5 * min + 24}) {
       const int64_t numel = numel_of(bytes, dt);
       SCOPED_TRACE(fmt::format("{}, {} elements per rank", c10::toString(dt), numel));
@@ -67,8 +67,10 @@ void gathers_what_gloo_gathers() {
       all_gather_into_tensor(mine, in, g);
       const bool by_p2p = n >= 3 && in.nbytes() >= static_cast<size_t>(min);
       EXPECT_EQ(g->all_gather_by_p2p(static_cast<int64_t>(in.nbytes())), by_p2p);
-      EXPECT_EQ(ran("gloo.emulated"), by_p2p) << "results.json's comm_ops says which path ran";
-      EXPECT_EQ(ran("gloo.native"), !by_p2p);
+      // The others go by all-to-all ([Note: gathers by all-to-all]): tdc's too.
+      EXPECT_EQ(g->all_gather_by_alltoall(static_cast<int64_t>(in.nbytes())), !by_p2p);
+      EXPECT_TRUE(ran("gloo.emulated")) << "results.json's comm_ops says which path ran";
+      EXPECT_FALSE(ran("gloo.native"));
       EXPECT_TRUE(same_bytes(mine, native_all_gather(g, in)));
     }
   }
@@ -84,8 +86,8 @@ TDC_DIST_TEST(AllGatherBySendRecvTest, GathersWhatGlooGathersWorldSize3, .world_
   gathers_what_gloo_gathers();
 }
 TDC_DIST_TEST(AllGatherBySendRecvTest, GathersWhatGlooGathersWorldSize4) { gathers_what_gloo_gathers(); }
-// Two ranks keep Gloo's own all-gather at every size (checked inside).
-TDC_DIST_TEST(AllGatherBySendRecvTest, TwoRanksGatherNatively, .world_size = 2) { gathers_what_gloo_gathers(); }
+// Two ranks never send and receive: all-gathers of every size go by all-to-all (checked inside).
+TDC_DIST_TEST(AllGatherBySendRecvTest, TwoRanksGatherByAllToAll, .world_size = 2) { gathers_what_gloo_gathers(); }
 
 // Three all-gathers in flight at once, waited for in reverse order, with the user's own sends and
 // receives (tag 0, and the largest tag a user may take) in flight around them: every message
@@ -93,7 +95,7 @@ TDC_DIST_TEST(AllGatherBySendRecvTest, TwoRanksGatherNatively, .world_size = 2) 
 TDC_DIST_TEST(AllGatherBySendRecvTest, MessagesInFlightKeepApart) {
   GroupPtr g = tdc::conformance::world();
   const int n = g->size(), r = g->rank();
-  const int64_t numel = numel_of(ProcessGroup::kAllGatherByP2PMinBytes, at::kFloat);
+  const int64_t numel = numel_of(ProcessGroup::kSmallInputBytes, at::kFloat);
   const int last_user_tag = static_cast<int>(ProcessGroup::kCollectiveTagBase - 1);
   auto value = [&](int k, int rank) { return at::full({numel}, static_cast<float>(100 * k + rank)); };
 

@@ -29,7 +29,8 @@ BackendRegistry::BackendRegistry() : impl_(std::make_shared<Impl>()) {
   impl_->ops["gloo"] = {.reduce_scatter = compat::kGlooReduceScatterHonoursOp,
                         .avg = false,
                         .reduce_scatter_by_alltoall = true,
-                        .all_gather_by_p2p = true};
+                        .all_gather_by_p2p = true,
+                        .gather_by_alltoall = true};
   if (detail::nccl_available()) {
     impl_->factories["nccl"] = &detail::make_nccl_backend;
     impl_->ops["nccl"] = {.reduce_scatter = true, .avg = true};

@@ -8,6 +8,8 @@
 // not counted by CommDebugMode (they are tdc's, not the caller's).
 #include "checks.h"
 
+#include "internal.h"
+
 #include "tdc/comm/argument_checks.h"
 
 #include <cstdlib>
@@ -131,7 +133,11 @@ void agree(const ProcessGroup& g, const CheckArgs& a) {
   at::Device device = a.tensor.defined() ? a.tensor.device() : at::Device(g.device_type());
   at::Tensor mine = at::tensor(fp, at::TensorOptions().dtype(at::kLong)).to(device);
   at::Tensor all = at::empty({n * len}, mine.options());
-  g.backend()._allgather_base(all, mine)->wait();
+  if (g.all_gather_by_alltoall(static_cast<int64_t>(mine.nbytes()))) {
+    start_gather_by_alltoall(g, all, mine)->wait();  // [Note: gathers by all-to-all]
+  } else {
+    g.backend()._allgather_base(all, mine)->wait();
+  }
   all = all.cpu().contiguous();
   const int64_t* f = all.data_ptr<int64_t>();
   auto at_rank = [&](int r) { return f + r * len; };

@@ -162,6 +162,33 @@ std::string size_error(const char* op, const ProcessGroup& g, const char* big_na
 
 }  // namespace
 
+c10::intrusive_ptr<c10d::Work> start_gather_by_alltoall(const ProcessGroup& g, at::Tensor& out_flat,
+                                                        const at::Tensor& in_flat) {
+  at::Tensor repeated = in_flat.repeat({g.size()});
+  std::vector<int64_t> even;
+  c10d::AllToAllOptions opts;
+  opts.timeout = g.options().timeout;
+  return g.backend().alltoall_base(out_flat, repeated, even, even, opts);
+}
+
+// [Note: gathers by all-to-all] (backend_registry.h): a small SUM or AVG all-reduce as an
+// all-gather of the inputs and a local sum in the order of Gloo's ring.
+Work all_reduce_by_alltoall(const ProcessGroup& g, const Staged& s, bool emulate_avg, bool async_op) {
+  record_path(g, "all_reduce", false);
+  const int n = g.size();
+  at::Tensor mine = s.buf.view({s.buf.numel()});
+  at::Tensor everyone = core::empty_reusing({n * mine.numel()}, mine.options());
+  auto w = start_gather_by_alltoall(g, everyone, mine);
+  return finish(
+      std::move(w),
+      [s, mine, everyone, emulate_avg, n] {
+        sum_in_ring_order(mine, everyone.view({n, -1}));
+        if (emulate_avg) mine.div_(n);  // AVG = SUM / size, as after Gloo's own all-reduce
+        s.publish();
+      },
+      async_op);
+}
+
 Work all_reduce(at::Tensor& tensor, ReduceOp op, const GroupPtr& group, bool async_op,
                 std::optional<OpKind> record_as) {
   const ProcessGroup& g = *resolve(group);
@@ -174,6 +201,7 @@ Work all_reduce(at::Tensor& tensor, ReduceOp op, const GroupPtr& group, bool asy
   record_path(g, "all_reduce", true);
   record_avg(g, op, emulate_avg);
   Staged s = stage(tensor);
+  if (g.all_reduce_by_alltoall(op, s.buf)) return all_reduce_by_alltoall(g, s, emulate_avg, async_op);
   std::vector<at::Tensor> v{s.buf};
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(emulate_avg ? ReduceOp::SUM : op);
@@ -238,6 +266,11 @@ Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const G
   at::Tensor out_flat = s.buf.view({g.size() * std::max<int64_t>(in.numel(), 0)});
   at::Tensor in_flat = in.view({in.numel()});
   if (g.all_gather_by_p2p(in_flat.nbytes())) return all_gather_by_p2p(g, s, in_flat, out_flat, async_op);
+  if (g.all_gather_by_alltoall(in_flat.nbytes())) {
+    record_path(g, "all_gather_into_tensor", false);
+    return finish(
+        start_gather_by_alltoall(g, out_flat, in_flat), [s] { s.publish(); }, async_op);
+  }
   c10d::AllgatherOptions opts;
   opts.timeout = g.options().timeout;
   record_path(g, "all_gather_into_tensor", true);

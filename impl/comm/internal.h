@@ -1,4 +1,4 @@
-// Internal to impl/comm: the built-in backend factories.
+// Internal to impl/comm: the built-in backend factories, and the all-to-all that gathers.
 #pragma once
 
 #include <optional>
@@ -21,5 +21,11 @@ c10::intrusive_ptr<c10d::Backend> make_gloo_backend(const c10::intrusive_ptr<c10
 bool nccl_available();
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                     const GroupOptions& options);
+
+// [Note: gathers by all-to-all] (backend_registry.h): starts, on g's backend, the exchange that
+// leaves every rank's `in_flat` in `out_flat` (n * in_flat.numel() elements, in rank order): one
+// all-to-all of `in_flat` repeated n times. The Work keeps both buffers alive.
+c10::intrusive_ptr<c10d::Work> start_gather_by_alltoall(const ProcessGroup& g, at::Tensor& out_flat,
+                                                        const at::Tensor& in_flat);
 
 }  // namespace tdc::comm::detail

@@ -50,6 +50,14 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive
   native_reduce_scatter_ = ops.reduce_scatter;
   alltoall_reduce_scatter_ = ops.reduce_scatter_by_alltoall;
   p2p_all_gather_ = ops.all_gather_by_p2p;
+  alltoall_gathers_ = ops.gather_by_alltoall;
+}
+
+bool ProcessGroup::all_reduce_by_alltoall(ReduceOp op, const at::Tensor& t) const {
+  const at::ScalarType dt = t.scalar_type();
+  const bool summable = at::isFloatingType(dt) || at::isIntegralType(dt, /*includeBool=*/false);
+  return alltoall_gathers_ && size_ >= 2 && (op == ReduceOp::SUM || op == ReduceOp::AVG) && summable && t.numel() > 0 &&
+         static_cast<int64_t>(t.nbytes()) < kSmallInputBytes;
 }
 
 int ProcessGroup::next_collective_tag() {

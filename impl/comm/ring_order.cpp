@@ -23,11 +23,13 @@ int64_t ring_block_numel(int64_t total_numel, int64_t element_size, int n) {
   return segments / n * segment_bytes / element_size;
 }
 
-void reduce_in_ring_order(at::Tensor out, const at::Tensor& rows, ReduceOp op, int rank) {
+namespace {
+// Elements [first, first + out.numel()) of a ring all-reduce over `total` elements, from the rows
+// of those elements (rows: [n, out.numel()]), summed block by block in the ring's order.
+void sum_range_in_ring_order(at::Tensor out, const at::Tensor& rows, int64_t first, int64_t total) {
   const int n = static_cast<int>(rows.size(0));
-  const int64_t chunk = rows.size(1);
-  const int64_t block = ring_block_numel(n * chunk, static_cast<int64_t>(rows.element_size()), n);
-  const int64_t first = rank * chunk, last = first + chunk;
+  const int64_t block = ring_block_numel(total, static_cast<int64_t>(rows.element_size()), n);
+  const int64_t last = first + out.numel();
   for (int64_t pos = first; pos < last;) {
     const int64_t b = pos / block;
     const int64_t end = std::min(last, (b + 1) * block);
@@ -38,7 +40,15 @@ void reduce_in_ring_order(at::Tensor out, const at::Tensor& rows, ReduceOp op, i
     for (int j = 3; j <= n; ++j) dst.add_(row(b - j));
     pos = end;
   }
-  if (op == ReduceOp::AVG) out.div_(n);
 }
+}  // namespace
+
+void reduce_in_ring_order(at::Tensor out, const at::Tensor& rows, ReduceOp op, int rank) {
+  const int64_t chunk = rows.size(1);
+  sum_range_in_ring_order(out, rows, rank * chunk, rows.size(0) * chunk);
+  if (op == ReduceOp::AVG) out.div_(rows.size(0));
+}
+
+void sum_in_ring_order(at::Tensor out, const at::Tensor& rows) { sum_range_in_ring_order(out, rows, 0, rows.size(1)); }
 
 }  // namespace tdc::comm::detail

@@ -22,4 +22,8 @@ int64_t ring_block_numel(int64_t total_numel, int64_t element_size, int n);
 // all-reduce of the whole buffer leaves in that chunk.
 void reduce_in_ring_order(at::Tensor out, const at::Tensor& rows, ReduceOp op, int rank);
 
+// The SUM of a whole all-reduce from the n rows of `rows` ([n, numel]: row k is rank k's tensor),
+// into `out` (numel elements) in that order: bit for bit what Gloo's all-reduce returns.
+void sum_in_ring_order(at::Tensor out, const at::Tensor& rows);
+
 }  // namespace tdc::comm::detail

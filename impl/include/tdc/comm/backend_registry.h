@@ -50,7 +50,7 @@ struct BackendOps {
   bool reduce_scatter_by_alltoall = false;
   // [Note: a large all-gather by sends and receives] The backend's send and recv are cheaper
   // than its all-gather over three or more ranks, so tdc::comm all-gathers an input of at least
-  // ProcessGroup::kAllGatherByP2PMinBytes over such a group by posting, on every rank, one send of
+  // ProcessGroup::kSmallInputBytes over such a group by posting, on every rank, one send of
   // its input and one receive into the output's chunk of each other rank, all at once, and copying
   // its own chunk locally: the same bytes as the native op, which moves data only. Gloo: its
   // all-gather is a ring, n - 1 exchanges one after the other, each handed to a worker thread and
@@ -62,6 +62,21 @@ struct BackendOps {
   // order), so they never match a user's send or recv (whose tags tdc::comm keeps below it) nor
   // another all-gather in flight. AllGatherBySendRecvTest checks the bytes against the native op.
   bool all_gather_by_p2p = false;
+  // [Note: gathers by all-to-all] The backend's all-to-all is its cheapest exchange, so
+  // tdc::comm runs as one all-to-all of the input repeated n times (every rank sends its input to
+  // every rank): every all-gather that does not go by sends and receives (above), every SUM or AVG
+  // all-reduce of a floating-point or integer tensor under ProcessGroup::kSmallInputBytes (each
+  // rank then sums the n gathered inputs itself, in the order of Gloo's ring all-reduce:
+  // ring_order.h), and the exchange of tdc's argument checks. Gloo: its all-gather is a ring that
+  // sends each rank's block as two messages per step, n - 1 steps one after the other, on a worker
+  // thread that gathers into a buffer of its own and copies it out; its all-reduce is a ring of
+  // at least 2 (n - 1) steps. The all-to-all sends one message to each peer, all at once. On a
+  // two-rank Gloo group that halves the system time of a small all-gather (docs/bench/suite_time.md,
+  // "Gathers by all-to-all"). The all-gather moves data only, so its bytes are the native op's; the
+  // all-reduce's sum is Gloo's own bit for bit. GatherByAllToAllTest checks both against Gloo's
+  // own ops. An all-reduce of a large input keeps the native op: the all-to-all moves n / 2 times
+  // the ring's bytes. A plug-in that sets it gets Gloo's summation order in small all-reduces.
+  bool gather_by_alltoall = false;
 };
 
 class BackendRegistry {

@@ -56,12 +56,20 @@ class ProcessGroup {
   bool reduce_scatter_by_alltoall(ReduceOp op) const {
     return alltoall_reduce_scatter_ && size_ >= 2 && (op == ReduceOp::SUM || op == ReduceOp::AVG);
   }
+  // Inputs of at least this many bytes per rank are large: large all-gathers go by sends and
+  // receives, small all-reduces by all-to-all (the Notes below).
+  static constexpr int64_t kSmallInputBytes = 64 * 1024;
   // [Note: a large all-gather by sends and receives] (backend_registry.h): whether an all-gather
   // of `input_bytes` per rank runs as sends and receives on this group.
-  static constexpr int64_t kAllGatherByP2PMinBytes = 64 * 1024;
   bool all_gather_by_p2p(int64_t input_bytes) const {
-    return p2p_all_gather_ && size_ >= 3 && input_bytes >= kAllGatherByP2PMinBytes;
+    return p2p_all_gather_ && size_ >= 3 && input_bytes >= kSmallInputBytes;
   }
+  // [Note: gathers by all-to-all] (backend_registry.h): whether an all-gather of `input_bytes`
+  // per rank, or an all-reduce of `t`, runs as one all-to-all on this group.
+  bool all_gather_by_alltoall(int64_t input_bytes) const {
+    return alltoall_gathers_ && size_ >= 2 && input_bytes > 0 && !all_gather_by_p2p(input_bytes);
+  }
+  bool all_reduce_by_alltoall(ReduceOp op, const at::Tensor& t) const;
   // Point-to-point tags from here up belong to tdc::comm's collectives (send / recv refuse them).
   static constexpr uint32_t kCollectiveTagBase = 1u << 30;
   // The tag of this group's next collective made of sends and receives: the same on every rank.
@@ -86,6 +94,7 @@ class ProcessGroup {
   std::optional<bool> native_reduce_scatter_;
   bool alltoall_reduce_scatter_ = false;
   bool p2p_all_gather_ = false;
+  bool alltoall_gathers_ = false;
   std::atomic<uint32_t> collective_tags_{0};
 };
 using GroupPtr = std::shared_ptr<ProcessGroup>;
