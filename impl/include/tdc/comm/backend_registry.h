@@ -70,9 +70,9 @@ struct BackendOps {
   // ring_order.h), and the exchange of tdc's argument checks. Gloo: its all-gather is a ring that
   // sends each rank's block as two messages per step, n - 1 steps one after the other, on a worker
   // thread that gathers into a buffer of its own and copies it out; its all-reduce is a ring of
-  // at least 2 (n - 1) steps. The all-to-all sends one message to each peer, all at once. On a
-  // two-rank Gloo group that halves the system time of a small all-gather (docs/bench/suite_time.md,
-  // "Gathers by all-to-all"). The all-gather moves data only, so its bytes are the native op's; the
+  // at least 2 (n - 1) steps. The all-to-all sends one message to each peer, all at once: the
+  // seed suite's system time fell by a fifth (docs/bench/suite_time.md, "Gathers by
+  // all-to-all"). The all-gather moves data only, so its bytes are the native op's; the
   // all-reduce's sum is Gloo's own bit for bit. GatherByAllToAllTest checks both against Gloo's
   // own ops. An all-reduce of a large input keeps the native op: the all-to-all moves n / 2 times
   // the ring's bytes. A plug-in that sets it gets Gloo's summation order in small all-reduces.
