@@ -3,13 +3,11 @@
 // floating-point or integer tensor, runs as one all-to-all of the input repeated n times. The
 // all-gather must return Gloo's bytes; the all-reduce Gloo's own sum bit for bit (the order of its
 // ring), signed zeros, infinities and NaN included, at every world size, dtype and size.
-#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -19,39 +17,18 @@
 #include "tdc/conformance/support.h"
 #include "tdc/harness/harness.h"
 
+#include "comm_bits.h"
+
 // A named namespace: the comm unit tests share one unity TU, where helpers in anonymous
 // namespaces of two files would collide.
 namespace gather_by_alltoall_test {
 
 using namespace tdc::comm;
+using namespace tdc_comm_bits;
 
 TDC_DIST_SUITE(GatherByAllToAllTest, .world_size = 3);
 
 constexpr int64_t kSmall = ProcessGroup::kSmallInputBytes;
-
-int64_t numel_in(int64_t bytes, at::ScalarType dtype) { return bytes / static_cast<int64_t>(at::elementSize(dtype)); }
-
-// Arbitrary bit patterns: every float payload (NaN, -0.0, denormals, inf) appears, so only a
-// byte-for-byte copy reproduces them.
-at::Tensor arbitrary_bits(int64_t numel, at::ScalarType dtype, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  const int64_t bytes = numel * static_cast<int64_t>(at::elementSize(dtype));
-  at::Tensor raw = at::randint(0, 256, {bytes}, gen, at::kByte);
-  if (dtype == at::kBool) return raw.remainder(2).to(at::kBool);  // a bool byte must be 0 or 1
-  return raw.view(dtype);
-}
-
-bool byte_equal(const at::Tensor& a, const at::Tensor& b) {
-  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
-         at::equal(a.contiguous().view(at::kByte), b.contiguous().view(at::kByte));
-}
-
-at::Tensor gloo_all_gather(const GroupPtr& g, const at::Tensor& in) {
-  at::Tensor out = at::empty({g->size() * in.numel()}, in.options());
-  at::Tensor in_flat = in.contiguous().view({in.numel()});
-  g->backend()._allgather_base(out, in_flat)->wait();
-  return out;
-}
 
 // Gloo's own all-reduce of `in` with `op` (SUM, MAX, ...).
 at::Tensor gloo_all_reduce(const GroupPtr& g, const at::Tensor& in, c10d::ReduceOp::RedOpType op) {
@@ -64,31 +41,6 @@ at::Tensor gloo_all_reduce(const GroupPtr& g, const at::Tensor& in, c10d::Reduce
 
 bool ran(const std::string& key, const char* op) { return op_paths()[key].count(op) == 1; }
 
-// `numel` values whose magnitudes span 1e-20 to 1e20 with both signs, so that the order of a sum
-// shows in its bits; the first 8 are special values (the same on every rank but the last, which
-// has the partner of each): +0 and -0 sums, inf - inf (NaN), NaN + 1.
-at::Tensor summands(int64_t numel, int n, int rank) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(31 + 1000 * rank + numel);
-  at::Tensor x = at::randn({numel}, gen, at::kDouble) * at::pow(10.0, at::randint(-20, 20, {numel}, gen, at::kDouble));
-  const bool last = rank == n - 1;
-  const std::vector<double> special = last ? std::vector<double>{-0.0, -0.0, 0.0, 0.0, -INFINITY, -INFINITY, 1.0, NAN}
-                                           : std::vector<double>{0.0, -0.0, -0.0, 0.0, INFINITY, -INFINITY, NAN, 1.0};
-  const int64_t k = std::min<int64_t>(8, numel);
-  x.narrow(0, 0, k).copy_(at::tensor(special, at::kDouble).narrow(0, 0, k));
-  return x;
-}
-
-// NaN where `want` has NaN (its sign and payload are the hardware's, not a result); every other
-// element bit for bit, so -0.0 is not +0.0.
-void expect_bits_of(const at::Tensor& got, const at::Tensor& want) {
-  ASSERT_EQ(got.scalar_type(), want.scalar_type());
-  const at::Tensor nan = at::isnan(got);
-  EXPECT_TRUE(at::equal(nan, at::isnan(want))) << "NaN in other places";
-  const at::Tensor a = got.masked_fill(nan, 0).contiguous().view(at::kByte);
-  const at::Tensor b = want.masked_fill(nan, 0).contiguous().view(at::kByte);
-  EXPECT_TRUE(at::equal(a, b)) << "bytes that differ: " << at::ne(a, b).sum().item<int64_t>() << " of " << a.numel();
-}
-
 // ------------------------------------------------------------------------------ all-gather
 
 void gathers_what_gloo_gathers() {
@@ -99,7 +51,7 @@ void gathers_what_gloo_gathers() {
     // receives over three or more ranks, by all-to-all over two) at it.
     for (int64_t numel : {int64_t{1}, int64_t{7}, numel_in(kSmall, dt) - 1, numel_in(kSmall, dt)}) {
       SCOPED_TRACE(fmt::format("world {}, {}, {} elements per rank", n, c10::toString(dt), numel));
-      const at::Tensor in = arbitrary_bits(numel, dt, 500 + 7 * g->rank() + numel);
+      const at::Tensor in = random_bits(numel, dt, 500 + 7 * g->rank() + numel);
       const bool by_alltoall = n == 2 || static_cast<int64_t>(in.nbytes()) < kSmall;
       EXPECT_EQ(g->all_gather_by_alltoall(static_cast<int64_t>(in.nbytes())), by_alltoall);
       reset_op_paths();
@@ -107,15 +59,15 @@ void gathers_what_gloo_gathers() {
       all_gather_into_tensor(mine, in, g);
       EXPECT_TRUE(ran("gloo.emulated", "all_gather_into_tensor")) << "results.json's comm_ops: tdc's, not Gloo's";
       EXPECT_FALSE(ran("gloo.native", "all_gather_into_tensor"));
-      EXPECT_TRUE(byte_equal(mine, gloo_all_gather(g, in)));
+      EXPECT_TRUE(same_bytes(mine, gloo_all_gather(g, in)));
     }
   }
   // A stacked [n, rows, cols] output of a 2-D input, not contiguous: staged and copied back.
-  const at::Tensor in = arbitrary_bits(6 * 5, at::kFloat, 5 + g->rank()).view({6, 5});
+  const at::Tensor in = random_bits(6 * 5, at::kFloat, 5 + g->rank()).view({6, 5});
   at::Tensor big = at::empty({n, 5, 12});
   at::Tensor out = big.narrow(2, 0, 6).transpose(1, 2);  // [n, 6, 5], strided
   all_gather_into_tensor(out, in, g);
-  EXPECT_TRUE(byte_equal(out.reshape({-1}), gloo_all_gather(g, in)));
+  EXPECT_TRUE(same_bytes(out.reshape({-1}), gloo_all_gather(g, in)));
 }
 
 TDC_DIST_TEST(GatherByAllToAllTest, AllGatherWorldSize2, .world_size = 2) { gathers_what_gloo_gathers(); }
@@ -137,7 +89,7 @@ void sums_what_gloo_sums(const std::vector<int64_t>& sizes) {
   GroupPtr g = tdc::conformance::world();
   const int n = g->size(), r = g->rank();
   for (int64_t numel : sizes) {
-    const at::Tensor x = summands(numel, n, r);
+    const at::Tensor x = summands(numel, n, r, 31 + 1000 * r + numel);
     for (at::ScalarType dt : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf}) {
       const at::Tensor in = x.to(dt);
       const at::Tensor gloo_sum = gloo_all_reduce(g, in, c10d::ReduceOp::SUM);
@@ -149,14 +101,14 @@ void sums_what_gloo_sums(const std::vector<int64_t>& sizes) {
         at::Tensor mine = in.clone();
         all_reduce(mine, op, g);
         EXPECT_EQ(ran("gloo.emulated", "all_reduce"), small) << "results.json's comm_ops: tdc's, or Gloo's";
-        expect_bits_of(mine, op == ReduceOp::AVG ? gloo_sum / n : gloo_sum);
+        expect_same_bits(mine, op == ReduceOp::AVG ? gloo_sum / n : gloo_sum, "Gloo's all-reduce");
       }
     }
     // Integers: any order gives the same sum; the bytes must still be Gloo's (wrapping included).
     const at::Tensor ints = (x * 1e-10).to(at::kLong) * (int64_t{1} << 40);
     at::Tensor mine = ints.clone();
     all_reduce(mine, ReduceOp::SUM, g);
-    EXPECT_TRUE(byte_equal(mine, gloo_all_reduce(g, ints, c10d::ReduceOp::SUM))) << numel << " int64";
+    EXPECT_TRUE(same_bytes(mine, gloo_all_reduce(g, ints, c10d::ReduceOp::SUM))) << numel << " int64";
   }
 }
 
@@ -180,7 +132,7 @@ TDC_DIST_TEST(GatherByAllToAllTest, AllReduceSumsWhatGlooSumsWorldSize5, .world_
 TDC_DIST_TEST(GatherByAllToAllTest, OthersKeepGloosAllReduce) {
   GroupPtr g = tdc::conformance::world();
   const int n = g->size(), r = g->rank();
-  const at::Tensor large = summands(numel_in(kSmall, at::kFloat), n, r).to(at::kFloat);
+  const at::Tensor large = summands(numel_in(kSmall, at::kFloat), n, r, 31 + 1000 * r).to(at::kFloat);
   EXPECT_FALSE(g->all_reduce_by_alltoall(ReduceOp::SUM, large)) << "at the threshold: large";
   EXPECT_FALSE(g->all_reduce_by_alltoall(ReduceOp::MAX, large.narrow(0, 0, 4)));
   EXPECT_FALSE(g->all_reduce_by_alltoall(ReduceOp::MIN, large.narrow(0, 0, 4)));
@@ -192,10 +144,10 @@ TDC_DIST_TEST(GatherByAllToAllTest, OthersKeepGloosAllReduce) {
   all_reduce(mine, ReduceOp::SUM, g);
   EXPECT_TRUE(ran("gloo.native", "all_reduce"));
   EXPECT_FALSE(ran("gloo.emulated", "all_reduce"));
-  expect_bits_of(mine, gloo_all_reduce(g, large, c10d::ReduceOp::SUM));
+  expect_same_bits(mine, gloo_all_reduce(g, large, c10d::ReduceOp::SUM), "Gloo's all-reduce");
   at::Tensor small_max = large.narrow(0, 0, 100).clone();
   all_reduce(small_max, ReduceOp::MAX, g);
-  expect_bits_of(small_max, gloo_all_reduce(g, large.narrow(0, 0, 100), c10d::ReduceOp::MAX));
+  expect_same_bits(small_max, gloo_all_reduce(g, large.narrow(0, 0, 100), c10d::ReduceOp::MAX), "Gloo's MAX");
 }
 
 // The inputs tell orders apart: over three ranks, a sum in rank order has other float32 bits than
@@ -205,8 +157,9 @@ TDC_DIST_TEST(GatherByAllToAllTest, RankOrderWouldDiffer) {
   const int n = g->size();
   const int64_t numel = 3001;
   at::Tensor rank_order = at::zeros({numel});
-  for (int k = 0; k < n; ++k) rank_order.add_(summands(numel, n, k).to(at::kFloat));
-  const at::Tensor gloo = gloo_all_reduce(g, summands(numel, n, g->rank()).to(at::kFloat), c10d::ReduceOp::SUM);
+  for (int k = 0; k < n; ++k) rank_order.add_(summands(numel, n, k, 31 + 1000 * k + numel).to(at::kFloat));
+  const at::Tensor gloo = gloo_all_reduce(
+      g, summands(numel, n, g->rank(), 31 + 1000 * g->rank() + numel).to(at::kFloat), c10d::ReduceOp::SUM);
   EXPECT_GT((at::ne(rank_order, gloo) & ~at::isnan(gloo)).sum().item<int64_t>(), 30);
 }
 

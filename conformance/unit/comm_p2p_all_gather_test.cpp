@@ -2,7 +2,6 @@
 // over three or more Gloo ranks, an all-gather of at least kSmallInputBytes per rank runs
 // as sends and receives. It must return the native all-gather's bytes, keep its messages apart
 // from the user's and from other all-gathers in flight, and leave the user's tags alone.
-#include <cmath>
 #include <cstdint>
 #include <set>
 #include <stdexcept>
@@ -10,7 +9,6 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 
@@ -20,35 +18,17 @@
 #include "tdc/conformance/support.h"
 #include "tdc/harness/harness.h"
 
+#include "comm_bits.h"
+
 namespace {
 
 using namespace tdc::comm;
+using tdc_comm_bits::gloo_all_gather;
+using tdc_comm_bits::numel_in;
+using tdc_comm_bits::random_bits;
+using tdc_comm_bits::same_bytes;
 
 TDC_DIST_SUITE(AllGatherBySendRecvTest, .world_size = 4);
-
-// Elements of `dtype` in `bytes`.
-int64_t numel_of(int64_t bytes, at::ScalarType dtype) { return bytes / static_cast<int64_t>(at::elementSize(dtype)); }
-
-// Arbitrary bit patterns of `numel` elements: every float payload (NaN, -0.0, denormals, inf)
-// appears, so only a byte-for-byte copy reproduces them.
-at::Tensor random_bits(int64_t numel, at::ScalarType dtype, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  const int64_t bytes = numel * static_cast<int64_t>(at::elementSize(dtype));
-  return at::randint(0, 256, {bytes}, gen, at::kByte).view(dtype);
-}
-
-bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
-  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
-         at::equal(a.contiguous().view(at::kByte), b.contiguous().view(at::kByte));
-}
-
-// Gloo's own all-gather of `in`, for comparison.
-at::Tensor native_all_gather(const GroupPtr& g, const at::Tensor& in) {
-  at::Tensor out = at::empty({g->size() * in.numel()}, in.options());
-  at::Tensor in_flat = in.contiguous().view({in.numel()});
-  g->backend()._allgather_base(out, in_flat)->wait();
-  return out;
-}
 
 bool ran(const std::string& key) { return op_paths()[key].count("all_gather_into_tensor") == 1; }
 
@@ -59,7 +39,7 @@ void gathers_what_gloo_gathers() {
   for (at::ScalarType dt : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kLong, at::kByte}) {
     // Just below the threshold (by all-to-all), at it, and well above it with an odd element count.
     for (int64_t bytes : {min - 64, min, 5 * min + 24}) {
-      const int64_t numel = numel_of(bytes, dt);
+      const int64_t numel = numel_in(bytes, dt);
       SCOPED_TRACE(fmt::format("{}, {} elements per rank", c10::toString(dt), numel));
       const at::Tensor in = random_bits(numel, dt, 1000 + 7 * g->rank() + numel);
       reset_op_paths();
@@ -71,15 +51,15 @@ void gathers_what_gloo_gathers() {
       EXPECT_EQ(g->all_gather_by_alltoall(static_cast<int64_t>(in.nbytes())), !by_p2p);
       EXPECT_TRUE(ran("gloo.emulated")) << "results.json's comm_ops says which path ran";
       EXPECT_FALSE(ran("gloo.native"));
-      EXPECT_TRUE(same_bytes(mine, native_all_gather(g, in)));
+      EXPECT_TRUE(same_bytes(mine, gloo_all_gather(g, in)));
     }
   }
   // A stacked [n, rows, cols] output of a 2-D input, not contiguous: staged and copied back.
-  const at::Tensor in = random_bits(numel_of(2 * min, at::kFloat), at::kFloat, 5 + g->rank()).view({64, -1});
+  const at::Tensor in = random_bits(numel_in(2 * min, at::kFloat), at::kFloat, 5 + g->rank()).view({64, -1});
   at::Tensor big = at::empty({n, in.size(1), 2 * in.size(0)});
   at::Tensor out = big.narrow(2, 0, in.size(0)).transpose(1, 2);  // [n, 64, cols], strided
   all_gather_into_tensor(out, in, g);
-  EXPECT_TRUE(same_bytes(out.reshape({-1}), native_all_gather(g, in)));
+  EXPECT_TRUE(same_bytes(out.reshape({-1}), gloo_all_gather(g, in)));
 }
 
 TDC_DIST_TEST(AllGatherBySendRecvTest, GathersWhatGlooGathersWorldSize3, .world_size = 3) {
@@ -95,7 +75,7 @@ TDC_DIST_TEST(AllGatherBySendRecvTest, TwoRanksGatherByAllToAll, .world_size = 2
 TDC_DIST_TEST(AllGatherBySendRecvTest, MessagesInFlightKeepApart) {
   GroupPtr g = tdc::conformance::world();
   const int n = g->size(), r = g->rank();
-  const int64_t numel = numel_of(ProcessGroup::kSmallInputBytes, at::kFloat);
+  const int64_t numel = numel_in(ProcessGroup::kSmallInputBytes, at::kFloat);
   const int last_user_tag = static_cast<int>(ProcessGroup::kCollectiveTagBase - 1);
   auto value = [&](int k, int rank) { return at::full({numel}, static_cast<float>(100 * k + rank)); };
 

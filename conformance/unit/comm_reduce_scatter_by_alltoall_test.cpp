@@ -2,13 +2,11 @@
 // (tdc/comm/backend_registry.h): on Gloo, a SUM or AVG reduce-scatter runs as one all-to-all plus a
 // local sum in the order of Gloo's ring all-reduce. It must return Gloo's own bits at every world
 // size, dtype and size, signed zeros, infinities and NaN included.
-#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -19,42 +17,19 @@
 #include "tdc/harness/harness.h"
 #include "tdc/libtorch_compat.h"
 
+#include "comm_bits.h"
+
 namespace {
 
 using namespace tdc::comm;
+using tdc_comm_bits::expect_same_bits;
+using tdc_comm_bits::summands;
 
 TDC_DIST_SUITE(ReduceScatterByAllToAllTest, .world_size = 3);
 
-// n * chunk values whose magnitudes span 1e-20 to 1e20 with both signs, so that the order of a
-// sum shows in its bits; the first 8 are special values (the same pattern on every rank but the
-// last, which has the partner of each).
+// Rank `rank`'s input of a reduce-scatter of n chunks of `chunk` elements.
 at::Tensor contribution(int64_t chunk, int n, int rank) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(77 + 1000 * rank + chunk);
-  const int64_t numel = n * chunk;
-  at::Tensor x = at::randn({numel}, gen, at::kDouble) * at::pow(10.0, at::randint(-20, 20, {numel}, gen, at::kDouble));
-  // Across the ranks at 0-7: all +0 / a -0 (+0), all -0 (-0), ... + -0 / +0, +0, inf and -inf
-  // (NaN), all -inf, NaN and 1, 1 and NaN.
-  const bool last = rank == n - 1;
-  const std::vector<double> special = last ? std::vector<double>{-0.0, -0.0, 0.0, 0.0, -INFINITY, -INFINITY, 1.0, NAN}
-                                           : std::vector<double>{0.0, -0.0, -0.0, 0.0, INFINITY, -INFINITY, NAN, 1.0};
-  const int64_t k = std::min<int64_t>(8, numel);
-  x.narrow(0, 0, k).copy_(at::tensor(special, at::kDouble).narrow(0, 0, k));
-  return x;
-}
-
-at::ScalarType bits_of(at::ScalarType dt) {
-  return at::elementSize(dt) == 8 ? at::kLong : at::elementSize(dt) == 4 ? at::kInt : at::kShort;
-}
-
-// NaN where `want` has NaN (its sign and payload bits are the hardware's, not a result); every
-// other element bit for bit, so -0.0 is not +0.0.
-void expect_same_bits(const at::Tensor& got, const at::Tensor& want, const std::string& against) {
-  const at::Tensor nan = at::isnan(got);
-  EXPECT_TRUE(at::equal(nan, at::isnan(want))) << against << ": NaN in other places";
-  const at::Tensor a = got.masked_fill(nan, 0).view(bits_of(got.scalar_type()));
-  const at::Tensor b = want.masked_fill(nan, 0).view(bits_of(got.scalar_type()));
-  EXPECT_TRUE(at::equal(a, b)) << against << ": elements whose bits differ: " << at::ne(a, b).sum().item<int64_t>()
-                               << " of " << a.numel();
+  return summands(n * chunk, n, rank, 77 + 1000 * rank + chunk);
 }
 
 // Gloo's all-reduce of `in` (SUM), rank `rank`'s chunk of it: what Gloo's reduce-scatter returns.
