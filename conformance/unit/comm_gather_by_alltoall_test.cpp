@@ -101,6 +101,7 @@ void sums_what_gloo_sums(const std::vector<int64_t>& sizes) {
         at::Tensor mine = in.clone();
         all_reduce(mine, op, g);
         EXPECT_EQ(ran("gloo.emulated", "all_reduce"), small) << "results.json's comm_ops: tdc's, or Gloo's";
+        EXPECT_EQ(ran("gloo.native", "all_reduce"), !small);
         expect_same_bits(mine, op == ReduceOp::AVG ? gloo_sum / n : gloo_sum, "Gloo's all-reduce");
       }
     }

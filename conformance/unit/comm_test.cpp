@@ -643,6 +643,9 @@ TDC_DIST_TEST(CommTest, OpPathsSayWhatRanNatively, .world_size = 2) {
   EXPECT_FALSE(ran("gloo.native", "reduce_scatter_tensor"));
   EXPECT_FALSE(ran("gloo.native", "all_reduce"));
   all_reduce(in, ReduceOp::SUM, native);
+  EXPECT_TRUE(ran("gloo.emulated", "all_reduce")) << "a small SUM is one all-to-all ([Note: gathers by all-to-all])";
+  EXPECT_FALSE(ran("gloo.native", "all_reduce"));
+  all_reduce(in, ReduceOp::MAX, native);
   EXPECT_TRUE(ran("gloo.native", "all_reduce"));
   tdc::comm::reset_op_paths();
   EXPECT_TRUE(tdc::comm::op_paths().empty());

@@ -198,10 +198,10 @@ Work all_reduce(at::Tensor& tensor, ReduceOp op, const GroupPtr& group, bool asy
             .local_error = op == ReduceOp::AVG ? avg_error("all_reduce", g, tensor) : ""});
   record(record_as, tensor.nbytes());
   const bool emulate_avg = op == ReduceOp::AVG && !g.native_avg();
-  record_path(g, "all_reduce", true);
   record_avg(g, op, emulate_avg);
   Staged s = stage(tensor);
   if (g.all_reduce_by_alltoall(op, s.buf)) return all_reduce_by_alltoall(g, s, emulate_avg, async_op);
+  record_path(g, "all_reduce", true);
   std::vector<at::Tensor> v{s.buf};
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(emulate_avg ? ReduceOp::SUM : op);
