@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -116,6 +117,9 @@ class FlatParamHandle {
   void reshard();
   // The full-precision padded flat vector, gathered fresh (summon_full_params, state dicts).
   at::Tensor gather_full_precision();
+  // gather_full_precision() of each handle, in order, small ones sharing all-gathers
+  // ([Note: FSDP1 gathers small flat parameters together], gather_together.cpp). Collective.
+  static std::vector<at::Tensor> gather_full_precision_together(std::span<FlatParamHandle* const> handles);
   // Writes `full` (padded, full precision) back into this rank's shard.
   void write_back(const at::Tensor& full);
   // A tensor laid out as this rank's shard (numel == shard_numel()), all-gathered into the padded
@@ -166,6 +170,8 @@ class FlatParamHandle {
   bool reduces_over_replicas() const;
   void set_unshard_state(UnshardState next, const char* action, std::initializer_list<UnshardState> allowed);
   void make_orig_views();
+  // One all-gather for a run of handles that gather_full_precision_together joined.
+  static std::vector<at::Tensor> gather_run(std::span<FlatParamHandle* const> run);
 
   std::vector<ParamSlot> slots_;
   std::vector<SharedSlot> shared_;

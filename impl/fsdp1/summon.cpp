@@ -38,13 +38,20 @@ SummonFullParams::SummonFullParams(nn::Module& module, const SummonOptions& opti
   if (auto* root = FullyShardedDataParallel::fsdp_modules(module, true).front(); !root->unit().is_root()) {
     root->unit().lazy_init();
   }
+  std::vector<detail::FlatParamHandle*> handles;
+  for (auto* u : units_) {
+    if (auto* h = u->unit().handle()) handles.push_back(h);
+  }
+  // Gathered before any state changes, so a failed collective leaves every unit IDLE.
+  std::vector<at::Tensor> fulls = detail::FlatParamHandle::gather_full_precision_together(handles);
+  auto next_full = fulls.begin();
   for (auto* u : units_) {
     UnitState& s = u->unit();
     s.set_training_state(TrainingState::SUMMON_FULL_PARAMS, "summon_full_params", {TrainingState::IDLE});
     detail::FlatParamHandle* h = s.handle();
     if (!h) continue;
     h->set_state(HandleTrainingState::SUMMON_FULL_PARAMS, "summon_full_params", {HandleTrainingState::IDLE});
-    at::Tensor full = h->gather_full_precision();
+    at::Tensor full = std::move(*next_full++);
     const bool shown = !options.rank0_only || s.shard_pg()->rank() == 0;
     if (!shown) continue;
     if (options.offload_to_cpu && full.device().type() != c10::kCPU) full = full.to(c10::kCPU);
