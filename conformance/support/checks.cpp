@@ -3,6 +3,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <map>
+#include <string>
+#include <utility>
+
 #include "tdc/comm/collectives.h"
 #include "tdc/conformance/support.h"
 #include "tdc/tensor/module_params.h"
@@ -26,11 +30,30 @@ void average_reference_grads(nn::Module& reference) {
   }
 }
 
+// [Note: one broadcast per dtype in sync_from_rank0] The parameters and buffers of one dtype and
+// device go side by side into one flat tensor and are broadcast together: a broadcast moves bytes
+// only, so every tensor gets rank 0's values bit for bit as with one broadcast each, and a
+// model's sync costs one collective per kind of tensor instead of one per tensor (the seed
+// suite's 4-rank tests ran 6,000 of them, each with its argument check; docs/bench/suite_time.md).
+// Kinds are visited in a fixed order (dtype, then device), the same on every rank.
 void sync_from_rank0(nn::Module& model) {
   auto group = world();
   at::NoGradGuard no_grad;
-  for (auto p : model.params()) comm::broadcast(p, 0, group);
-  for (auto& [name, b] : model.named_bufs()) comm::broadcast(b, 0, group);
+  std::map<std::pair<at::ScalarType, std::string>, std::vector<at::Tensor>> by_kind;
+  auto add = [&](const at::Tensor& t) { by_kind[{t.scalar_type(), t.device().str()}].push_back(t); };
+  for (const auto& p : model.params()) add(p);
+  for (const auto& [name, b] : model.named_bufs()) add(b);
+  for (auto& [kind, tensors] : by_kind) {
+    std::vector<at::Tensor> flat_parts;
+    for (const auto& t : tensors) flat_parts.push_back(t.detach().reshape({-1}));
+    at::Tensor flat = at::cat(flat_parts);
+    comm::broadcast(flat, 0, group);
+    int64_t offset = 0;
+    for (auto& t : tensors) {
+      t.detach().copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
 }
 
 ::testing::AssertionResult sharded_parity(nn::Module& reference, nn::Module& sharded) {
