@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,6 +29,31 @@ void on_signal(int sig) { g_signal = sig; }
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// posix_spawn has no affinity attribute; the child inherits the spawning thread's mask. So the
+// spawning thread takes the child's CPUs for the call and its own back after it ([Note: a test
+// process on its own CPUs], cpu_groups.h). Best effort: a mask the system refuses (CPUs outside
+// our cpuset) leaves the child on ours.
+class AffinityForSpawn {
+ public:
+  explicit AffinityForSpawn(const std::vector<int>& cpus) {
+    if (cpus.empty() || sched_getaffinity(0, sizeof old_, &old_) != 0) return;
+    cpu_set_t want;
+    CPU_ZERO(&want);
+    for (int c : cpus)
+      if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &want);
+    changed_ = sched_setaffinity(0, sizeof want, &want) == 0;
+  }
+  ~AffinityForSpawn() {
+    if (changed_) sched_setaffinity(0, sizeof old_, &old_);
+  }
+  AffinityForSpawn(const AffinityForSpawn&) = delete;
+  AffinityForSpawn& operator=(const AffinityForSpawn&) = delete;
+
+ private:
+  cpu_set_t old_{};
+  bool changed_ = false;
+};
 
 }  // namespace
 
@@ -67,7 +93,11 @@ Child Child::spawn(const SpawnOptions& o) {
   for (const auto& a : o.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   pid_t pid = -1;
-  int rc = posix_spawnp(&pid, argv[0], &fa, &attr, argv.data(), environ);
+  int rc = 0;
+  {
+    AffinityForSpawn pinned(o.cpus);
+    rc = posix_spawnp(&pid, argv[0], &fa, &attr, argv.data(), environ);
+  }
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   if (rc != 0) throw std::runtime_error(fmt::format("cannot start '{}': {}", o.argv[0], std::strerror(rc)));

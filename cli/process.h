@@ -17,6 +17,7 @@ struct SpawnOptions {
   int stdout_fd = -1;                          // -1: inherit
   int stderr_fd = -1;                          // -1: inherit
   std::vector<std::pair<int, int>> extra_fds;  // (fd in this process, fd number in the child)
+  std::vector<int> cpus;                       // the child's CPU affinity; empty: inherit ours
 };
 
 class Child {

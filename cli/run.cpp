@@ -79,6 +79,9 @@ const std::vector<OptionSpec> kRunOptions = {
     {"jobs", "N",
      "test processes at once (default: 3 per CPU, at most 8; 1 on cuda and with --launcher env;\n"
      "                                   [Note: tests side by side] in cli/shards.h)"},
+    {"no-pin", nullptr,
+     "let the kernel place the test processes on any CPU (default with --jobs > 1: each on its own\n"
+     "                                   CPUs, [Note: a test process on its own CPUs] in cli/cpu_groups.h)"},
     {"no-report", nullptr, "do not write DIR/report.html and DIR/report.md (tdc report RUN --out DIR)"},
 };
 
@@ -202,6 +205,7 @@ Options parse_options(const ParsedArgs& a) {
   o.build = resolve_build_dir(a.get("build-dir"));
   o.check = a.has("check");
   o.no_report = a.has("no-report");
+  o.pin = !a.has("no-pin");
   if (auto v = a.get("repeat")) o.repeat = parse_positive_int("run", "repeat", *v);
   if (auto v = a.get("durations")) {
     if (!fs::is_regular_file(*v)) throw UsageError(fmt::format("run: --durations '{}' is not a file", *v));

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.h"
+#include "cpu_groups.h"
 #include "process.h"
 
 namespace tdc::cli::run_detail {
@@ -64,7 +65,8 @@ class ShardRunner {
   fs::path log() const { return o_.out / "logs" / (label_ + ".log"); }
   int event_fd() const { return pipe_open_ ? ev_ : -1; }
 
-  void start() {
+  // `cpus`: where the process may run ([Note: a test process on its own CPUs]); empty: anywhere.
+  void start(const std::vector<int>& cpus) {
     raw_ = o_.out / "raw" / (label_ + ".json");
     std::error_code ec;
     fs::remove(raw_, ec);
@@ -84,6 +86,7 @@ class ShardRunner {
     {
       std::ofstream header(log(), std::ios::app);
       header << "$ " << fmt::format("{}", fmt::join(argv, " ")) << "\n";
+      if (!cpus.empty()) header << fmt::format("# on CPUs {}\n", fmt::join(cpus, ","));
     }
     ::lseek(log_fd, 0, SEEK_END);
 
@@ -92,6 +95,7 @@ class ShardRunner {
     so.argv = argv;
     so.stdout_fd = so.stderr_fd = log_fd;
     so.extra_fds = {{ev[1], kChildEventsFd}};
+    so.cpus = cpus;
     try {
       child_ = Child::spawn(so);
     } catch (...) {
@@ -371,6 +375,7 @@ struct Slot {
   size_t binary = 0;
   int shard = 0, resume = 0;
   std::string base_label;
+  int cpu_group = -1;  // CpuGroups' group while running; -1: not pinned
 };
 
 std::string join_filter(const std::vector<std::string>& tests) { return fmt::format("{}", fmt::join(tests, ":")); }
@@ -379,7 +384,7 @@ std::string join_filter(const std::vector<std::string>& tests) { return fmt::for
 class ShardLoop {
  public:
   ShardLoop(const Options& o, Progress& progress, bool& was_interrupted)
-      : o_(o), progress_(progress), was_interrupted_(was_interrupted) {}
+      : o_(o), progress_(progress), was_interrupted_(was_interrupted), cpus_(allowed_cpus(), o.pin ? o.jobs : 1) {}
 
   void enqueue(const std::vector<Binary>& binaries, const std::vector<Shard>& plan, int rep) {
     for (const Shard& sh : plan) {
@@ -406,10 +411,12 @@ class ShardLoop {
         for (Slot& s : running_) s.runner->interrupt();
       }
       for (size_t i = 0; i < running_.size();) {
-        if (service(running_[i]))
+        if (service(running_[i])) {
           ++i;
-        else
+        } else {
+          cpus_.release(running_[i].cpu_group);
           running_.erase(running_.begin() + static_cast<long>(i));
+        }
       }
       progress_.tick();
     }
@@ -421,7 +428,9 @@ class ShardLoop {
     while (!stop_ && !was_interrupted_ && static_cast<int>(running_.size()) < o_.jobs && !queue_.empty()) {
       running_.push_back(std::move(queue_.front()));
       queue_.pop_front();
-      running_.back().runner->start();
+      Slot& s = running_.back();
+      s.cpu_group = cpus_.acquire();
+      s.runner->start(cpus_.cpus(s.cpu_group));
     }
   }
 
@@ -474,7 +483,7 @@ class ShardLoop {
     ++s.resume;
     s.runner = std::make_unique<ShardRunner>(o_, progress_, std::move(rest),
                                              fmt::format("{}.resume{}", s.base_label, s.resume));
-    s.runner->start();
+    s.runner->start(cpus_.cpus(s.cpu_group));
     return true;
   }
 
@@ -485,6 +494,7 @@ class ShardLoop {
   std::vector<Slot> running_;
   std::vector<ShardOutcome> outcomes_;
   bool stop_ = false;
+  CpuGroups cpus_;
 };
 
 }  // namespace

@@ -43,6 +43,7 @@ struct Options {
   std::vector<fs::path> binaries;   // --binary, in order (instead of tdc_suites.json's)
   bool stop_on_failure = false;
   int jobs = 1;
+  bool pin = true;                            // [Note: a test process on its own CPUs]; --no-pin: false
   std::optional<fs::path> durations;          // --durations
   std::optional<std::string> implementation;  // --implementation
   // [Note: rank 0 writes the run] Under an external launcher (--launcher env) every rank runs
