@@ -68,6 +68,16 @@ void gathers_what_gloo_gathers() {
   at::Tensor out = big.narrow(2, 0, 6).transpose(1, 2);  // [n, 6, 5], strided
   all_gather_into_tensor(out, in, g);
   EXPECT_TRUE(same_bytes(out.reshape({-1}), gloo_all_gather(g, in)));
+  // In place: the input is the rank's own block of the output, as FSDP1 gathers its flat
+  // parameter ([Note: a two-rank gather sends its input as it is] copies that block onto itself).
+  for (int64_t numel : {int64_t{5}, numel_in(kSmall, at::kFloat)}) {
+    at::Tensor flat = at::empty({n * numel});
+    at::Tensor own = flat.narrow(0, g->rank() * numel, numel);
+    own.copy_(random_bits(numel, at::kFloat, 77 + g->rank()));
+    const at::Tensor expected = gloo_all_gather(g, own.clone());
+    all_gather_into_tensor(flat, own, g);
+    EXPECT_TRUE(same_bytes(flat, expected)) << "in place, " << numel << " elements per rank";
+  }
 }
 
 TDC_DIST_TEST(GatherByAllToAllTest, AllGatherWorldSize2, .world_size = 2) { gathers_what_gloo_gathers(); }

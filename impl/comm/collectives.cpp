@@ -162,12 +162,31 @@ std::string size_error(const char* op, const ProcessGroup& g, const char* big_na
 
 }  // namespace
 
+// [Note: a two-rank gather sends its input as it is] An all-to-all takes one contiguous input
+// whose k-th block goes to rank k, so a gather by all-to-all repeats its input n times: a copy of
+// n times the input before anything moves, and the backend's copy of the rank's own block after.
+// With two ranks the blocks can be uneven instead: each rank sends nothing to itself and its whole
+// input, unrepeated, to its peer, and receives the peer's input straight into the peer's block of
+// the output (the output of the all-to-all is that block alone); the rank's own block is one copy
+// here. The same bytes land in the same places. FSDP2's step at world 2 spent a third of its copy
+// time in the repeat (docs/bench/README.md, "A two-rank gather without the repeat").
 c10::intrusive_ptr<c10d::Work> start_gather_by_alltoall(const ProcessGroup& g, at::Tensor& out_flat,
                                                         const at::Tensor& in_flat) {
-  at::Tensor repeated = in_flat.repeat({g.size()});
-  std::vector<int64_t> even;
   c10d::AllToAllOptions opts;
   opts.timeout = g.options().timeout;
+  if (g.size() == 2) {
+    const int64_t n = in_flat.numel();
+    const int me = g.rank(), peer = 1 - me;
+    out_flat.narrow(0, me * n, n).copy_(in_flat);
+    at::Tensor from_peer = out_flat.narrow(0, peer * n, n);
+    at::Tensor to_peer = in_flat;
+    std::vector<int64_t> splits(2, 0);
+    splits[peer] = n;
+    std::vector<int64_t> in_splits = splits;
+    return g.backend().alltoall_base(from_peer, to_peer, splits, in_splits, opts);
+  }
+  at::Tensor repeated = in_flat.repeat({g.size()});
+  std::vector<int64_t> even;
   return g.backend().alltoall_base(out_flat, repeated, even, even, opts);
 }
 

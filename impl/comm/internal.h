@@ -24,7 +24,8 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
 
 // [Note: gathers by all-to-all] (backend_registry.h): starts, on g's backend, the exchange that
 // leaves every rank's `in_flat` in `out_flat` (n * in_flat.numel() elements, in rank order): one
-// all-to-all of `in_flat` repeated n times. The Work keeps both buffers alive.
+// all-to-all of `in_flat` repeated n times, or with two ranks of `in_flat` as it is ([Note: a
+// two-rank gather sends its input as it is], collectives.cpp). The Work keeps both buffers alive.
 c10::intrusive_ptr<c10d::Work> start_gather_by_alltoall(const ProcessGroup& g, at::Tensor& out_flat,
                                                         const at::Tensor& in_flat);
 
