@@ -70,6 +70,11 @@ void sums_what_gloo_sums(std::vector<int64_t> chunks) {
         expect_same_bits(mine, by_all_reduce / divisor, "Gloo's all-reduce");
         if (native.defined()) expect_same_bits(mine, native / divisor, "Gloo's reduce-scatter");
       }
+      // In place: the output is the rank's own chunk of the input.
+      at::Tensor whole = in.clone();
+      at::Tensor own = whole.view({n, -1})[r];
+      reduce_scatter_tensor(own, whole, ReduceOp::SUM, g);
+      expect_same_bits(own, by_all_reduce, "Gloo's all-reduce, in place");
     }
   }
 }
