@@ -162,6 +162,12 @@ std::string size_error(const char* op, const ProcessGroup& g, const char* big_na
 
 }  // namespace
 
+// An all-gather's own block of the output from the rank's input, unless the input already is that
+// block (an in-place all-gather, as FSDP1's flat parameter and FSDP2's all-gather input are).
+void copy_own_block(at::Tensor own, const at::Tensor& in) {
+  if (own.data_ptr() != in.data_ptr()) own.copy_(in);
+}
+
 // [Note: a two-rank gather sends its input as it is] An all-to-all takes one contiguous input
 // whose k-th block goes to rank k, so a gather by all-to-all repeats its input n times: a copy of
 // n times the input before anything moves, and the backend's copy of the rank's own block after.
@@ -177,7 +183,7 @@ c10::intrusive_ptr<c10d::Work> start_gather_by_alltoall(const ProcessGroup& g, a
   if (g.size() == 2) {
     const int64_t n = in_flat.numel();
     const int me = g.rank(), peer = 1 - me;
-    out_flat.narrow(0, me * n, n).copy_(in_flat);
+    copy_own_block(out_flat.narrow(0, me * n, n), in_flat);
     at::Tensor from_peer = out_flat.narrow(0, peer * n, n);
     at::Tensor to_peer = in_flat;
     std::vector<int64_t> splits(2, 0);
@@ -252,7 +258,7 @@ Work all_gather_by_p2p(ProcessGroup& g, const Staged& s, const at::Tensor& in_fl
     std::vector<at::Tensor> into{out_flat.narrow(0, from * k, k)};
     works->push_back(g.backend().recv(into, from, tag));
   }
-  out_flat.narrow(0, me * k, k).copy_(in_flat);
+  copy_own_block(out_flat.narrow(0, me * k, k), in_flat);
   record_path(g, "all_gather_into_tensor", false);
   return finish(
       {},

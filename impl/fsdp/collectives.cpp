@@ -50,8 +50,11 @@ AllGatherResult foreach_all_gather(std::vector<FSDPParam>& params, const MeshInf
   AllGatherResult result;
   for (auto& [dtype, idx] : by_dtype) {
     const int64_t total = padded_total(params, idx);
-    at::Tensor in =
-        core::empty_reusing({total}, at::TensorOptions().dtype(dtype).device(params[idx[0]].sharded().device()));
+    const auto options = at::TensorOptions().dtype(dtype).device(params[idx[0]].sharded().device());
+    // The input is the rank's own block of the output (an in-place all-gather, as PyTorch's
+    // FSDP2 lays it out): the shards are copied in once, and the collective leaves them there.
+    at::Tensor out = core::empty_reusing({total * mesh_info.shard_size}, options);
+    at::Tensor in = out.narrow(0, mesh_info.shard_rank * total, total);
     int64_t off = 0;
     for (size_t i : idx) {
       FSDPParam& p = params[i];
@@ -60,9 +63,7 @@ AllGatherResult foreach_all_gather(std::vector<FSDPParam>& params, const MeshInf
       off += p.padded_numel();
       p.record_gathered_version();
     }
-    at::Tensor out = in;
     if (mesh_info.shard_size > 1) {
-      out = core::empty_reusing({total * mesh_info.shard_size}, in.options());
       comm::ScopedArgumentChecks scoped(checks.all_gather ? false : comm::argument_checks());
       checks.all_gather = true;
       comm::Work w = comm::all_gather_into_tensor(out, in, mesh_info.shard_pg, async_op);
