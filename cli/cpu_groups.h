@@ -9,10 +9,10 @@
 // neighbouring CPUs, and starts each test process on the group that has the fewest test
 // processes on it at that moment. The process, its ranks and their Gloo threads stay on that
 // group; with at least as many jobs as CPUs (6 on 2 CPUs by default) a group is one CPU, and
-// every wake-up inside a test is a local one. What a test computes does not change (ranks run one intra-op thread each); only where
-// its threads run. Measured on the 2-vCPU VM: the seed suite's system time -25 %, wall -7 %
-// (docs/bench/suite_time.md, "A test process on its own CPU"). --jobs 1 (one group of every
-// CPU) and --no-pin leave placement to the kernel, as before.
+// every wake-up inside a test is a local one. What a test computes does not change (ranks run
+// one intra-op thread each); only where its threads run. Measured on the 2-vCPU VM: the seed
+// suite's system time -27 %, wall -12 % (docs/bench/suite_time.md, "A test process on its own
+// CPU"). --jobs 1 (one group of every CPU) and --no-pin leave placement to the kernel, as before.
 #pragma once
 
 #include <vector>

@@ -69,7 +69,7 @@ void gathers_what_gloo_gathers() {
   all_gather_into_tensor(out, in, g);
   EXPECT_TRUE(same_bytes(out.reshape({-1}), gloo_all_gather(g, in)));
   // In place: the input is the rank's own block of the output, as FSDP1 gathers its flat
-  // parameter ([Note: a two-rank gather sends its input as it is] copies that block onto itself).
+  // parameter and FSDP2 its shards (the gathers then skip the own-block copy: copy_own_block).
   for (int64_t numel : {int64_t{5}, numel_in(kSmall, at::kFloat)}) {
     at::Tensor flat = at::empty({n * numel});
     at::Tensor own = flat.narrow(0, g->rank() * numel, numel);
