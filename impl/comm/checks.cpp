@@ -13,6 +13,8 @@
 #include "tdc/comm/argument_checks.h"
 
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 
@@ -23,11 +25,24 @@ namespace tdc::comm::detail {
 namespace {
 
 thread_local std::optional<bool> tls_checks;
+thread_local ArgumentCheckCounts tls_counts;
 
 constexpr int64_t kMagic = 0x7dc0c4ec;
 constexpr int kMaxDims = 8;
 // Layout of the fixed part of a fingerprint.
-enum Field : int { kFMagic, kFOp, kFDtype, kFNdim, kFShape, kFReduce = kFShape + kMaxDims, kFRoot, kFBadArgs, kFixed };
+enum Field : int {
+  kFMagic,
+  kFOp,
+  kFDtype,
+  kFNdim,
+  kFShape,
+  kFReduce = kFShape + kMaxDims,
+  kFRoot,
+  kFBadArgs,
+  kFRide,
+  kFRideBytes,
+  kFixed
+};
 
 std::string dtype_name(int64_t code) {
   switch (static_cast<at::ScalarType>(code)) {
@@ -104,21 +119,20 @@ std::string describe(const at::Tensor& t) {
 
 std::string group_label(const ProcessGroup& g) { return fmt::format("group '{}' (size {})", g.name(), g.size()); }
 
-void agree(const ProcessGroup& g, const CheckArgs& a) {
-  if (!checks_enabled()) {
-    if (!a.local_error.empty()) throw std::invalid_argument(a.local_error);
-    return;
-  }
+namespace {
+
+// This rank's fingerprint of `a` on g: kFixed words, then the 2 n split sizes of all_to_all_single
+// (n inputs, n outputs), so every rank can verify every pair, not only its own.
+std::vector<int64_t> fingerprint(const ProcessGroup& g, const CheckArgs& a) {
   const int n = g.size();
-  // Split sizes of all_to_all_single ride along (n inputs, n outputs) so every rank can verify
-  // every pair, not only its own.
-  const int64_t len = kFixed + 2 * n;
-  std::vector<int64_t> fp(len, -1);
+  std::vector<int64_t> fp(kFixed + 2 * n, -1);
   fp[kFMagic] = kMagic;
   fp[kFOp] = static_cast<int64_t>(a.op);
   fp[kFReduce] = a.reduce ? static_cast<int64_t>(*a.reduce) : -1;
   fp[kFRoot] = a.root;
   fp[kFBadArgs] = a.local_error.empty() ? 0 : 1;
+  fp[kFRide] = 0;
+  fp[kFRideBytes] = 0;
   if (a.tensor.defined()) {
     fp[kFDtype] = static_cast<int64_t>(a.tensor.scalar_type());
     fp[kFNdim] = a.tensor.dim();
@@ -129,19 +143,12 @@ void agree(const ProcessGroup& g, const CheckArgs& a) {
     if (a.ignore_dim0 && a.tensor.dim() > 0) fp[kFShape] = -1;
   }
   for (size_t i = 0; i < a.splits.size() && i < static_cast<size_t>(2 * n); ++i) fp[kFixed + i] = a.splits[i];
+  return fp;
+}
 
-  at::Device device = a.tensor.defined() ? a.tensor.device() : at::Device(g.device_type());
-  at::Tensor mine = at::tensor(fp, at::TensorOptions().dtype(at::kLong)).to(device);
-  at::Tensor all = at::empty({n * len}, mine.options());
-  if (g.all_gather_by_alltoall(static_cast<int64_t>(mine.nbytes()))) {
-    start_gather_by_alltoall(g, all, mine)->wait();  // [Note: gathers by all-to-all]
-  } else {
-    g.backend()._allgather_base(all, mine)->wait();
-  }
-  all = all.cpu().contiguous();
-  const int64_t* f = all.data_ptr<int64_t>();
-  auto at_rank = [&](int r) { return f + r * len; };
-
+// Throws, on every rank alike, when the fingerprints (`at_rank(r)` is rank r's) disagree.
+void compare(const ProcessGroup& g, const CheckArgs& a, const std::function<const int64_t*(int)>& at_rank) {
+  const int n = g.size();
   const std::string where = fmt::format("{} on {}", coll_name(a.op), group_label(g));
   if (!a.local_error.empty()) throw std::invalid_argument(a.local_error);
   std::vector<int> bad;
@@ -196,11 +203,140 @@ void agree(const ProcessGroup& g, const CheckArgs& a) {
   }
 }
 
+constexpr int64_t kRideWords = kRideBytes / static_cast<int64_t>(sizeof(int64_t));
+
+// [Note: a small collective rides with its check] Each check is one exchange, and so is a small
+// collective's data: on a group of CPU tensors the check's exchange carries the data too, so a
+// small collective is one exchange instead of two. Every check on such a group sends each other
+// rank a frame of a fixed size, the same whatever the tensors are: the fingerprint, then up to
+// kRideBytes of the collective's data for that rank. The size must not depend on the arguments,
+// since the arguments are what may disagree: a frame sized by them would hang the exchange the
+// check exists to make safe. A rank whose data fits (and whose collective offers it) says so in
+// its fingerprint; when every rank's data rode and the fingerprints agree, every rank has all it
+// needs and the collective ends with its local part (the same copies and sums as its all-to-all
+// form, so the same bits). Otherwise every rank, having seen every flag, runs the collective as
+// usual. Groups of other devices (NCCL) exchange the fingerprint alone, as before.
+bool frames_possible(const ProcessGroup& g, int64_t frame_bytes) {
+  return g.device_type() == "cpu" && g.all_gather_by_alltoall(frame_bytes);
+}
+
+// This rank's payload for each other rank when all fit: contiguous CPU tensors of equal size.
+std::optional<std::vector<at::Tensor>> payloads(const ProcessGroup& g, const CheckArgs& a, const Ride* ride) {
+  if (ride == nullptr || !ride->payload || !a.local_error.empty()) return std::nullopt;
+  std::vector<at::Tensor> out(g.size());
+  int64_t bytes = -1;
+  for (int d = 0; d < g.size(); ++d) {
+    if (d == g.rank()) continue;
+    at::Tensor p = ride->payload(d);
+    const int64_t b = p.defined() ? static_cast<int64_t>(p.nbytes()) : 0;
+    if (p.defined() && (!p.is_cpu() || !p.is_contiguous())) return std::nullopt;
+    if (b > kRideBytes || (bytes >= 0 && b != bytes)) return std::nullopt;
+    bytes = b;
+    out[d] = std::move(p);
+  }
+  return out;
+}
+
+void write_frame(int64_t* frame, const std::vector<int64_t>& fp, const at::Tensor& payload) {
+  std::copy(fp.begin(), fp.end(), frame);
+  if (payload.defined() && payload.nbytes() > 0) std::memcpy(frame + fp.size(), payload.data_ptr(), payload.nbytes());
+}
+
+// The check's exchange in frames ([Note: a small collective rides with its check]).
+std::optional<Ridden> exchange_frames(const ProcessGroup& g, const CheckArgs& a, std::vector<int64_t> fp,
+                                      const Ride* ride) {
+  const int n = g.size(), me = g.rank();
+  const int64_t len = static_cast<int64_t>(fp.size()), words = len + kRideWords;
+  auto mine = payloads(g, a, ride);
+  if (mine) {
+    fp[kFRide] = 1;
+    for (const auto& p : *mine) {
+      if (p.defined()) fp[kFRideBytes] = static_cast<int64_t>(p.nbytes());
+    }
+  }
+  const auto opts = at::TensorOptions().dtype(at::kLong);
+  c10d::AllToAllOptions ao;
+  ao.timeout = g.options().timeout;
+  // Two ranks send nothing to themselves ([Note: a two-rank gather sends its input as it is]).
+  const int first = n == 2 ? 1 - me : 0;
+  const int frames = n == 2 ? 1 : n;
+  at::Tensor send = at::zeros({frames * words}, opts), recv = at::empty({frames * words}, opts);
+  for (int d = 0; d < n; ++d) {
+    if (n == 2 && d == me) continue;
+    write_frame(send.data_ptr<int64_t>() + (d - first) * words, fp, mine && d != me ? (*mine)[d] : at::Tensor());
+  }
+  std::vector<int64_t> out_splits;
+  if (n == 2) {
+    out_splits.assign(2, 0);
+    out_splits[first] = words;
+  }
+  std::vector<int64_t> in_splits = out_splits;  // Gloo moves from both: two vectors
+  g.backend().alltoall_base(recv, send, out_splits, in_splits, ao)->wait();
+  ++tls_counts.checks;
+  const int64_t* got = recv.data_ptr<int64_t>();
+  compare(g, a, [&](int r) { return r == me && n == 2 ? fp.data() : got + (r - first) * words; });
+  for (int r = 0; r < n; ++r) {
+    const int64_t* f = r == me && n == 2 ? fp.data() : got + (r - first) * words;
+    if (f[kFRide] != 1) return std::nullopt;
+  }
+  ++tls_counts.rides;
+  return Ridden(recv, words, len, first);
+}
+
+// The check's exchange of the fingerprints alone (groups of other devices).
+void exchange_fingerprints(const ProcessGroup& g, const CheckArgs& a, const std::vector<int64_t>& fp) {
+  const int n = g.size();
+  const int64_t len = static_cast<int64_t>(fp.size());
+  at::Device device = a.tensor.defined() ? a.tensor.device() : at::Device(g.device_type());
+  at::Tensor mine = at::tensor(fp, at::TensorOptions().dtype(at::kLong)).to(device);
+  at::Tensor all = at::empty({n * len}, mine.options());
+  if (g.all_gather_by_alltoall(static_cast<int64_t>(mine.nbytes()))) {
+    start_gather_by_alltoall(g, all, mine)->wait();  // [Note: gathers by all-to-all]
+  } else {
+    g.backend()._allgather_base(all, mine)->wait();
+  }
+  ++tls_counts.checks;
+  all = all.cpu().contiguous();
+  const int64_t* f = all.data_ptr<int64_t>();
+  compare(g, a, [&](int r) { return f + r * len; });
+}
+
+std::optional<Ridden> check(const ProcessGroup& g, const CheckArgs& a, const Ride* ride) {
+  if (!checks_enabled()) {
+    if (!a.local_error.empty()) throw std::invalid_argument(a.local_error);
+    return std::nullopt;
+  }
+  std::vector<int64_t> fp = fingerprint(g, a);
+  const int64_t frame_bytes = static_cast<int64_t>(fp.size() * sizeof(int64_t)) + kRideBytes;
+  if (frames_possible(g, frame_bytes)) return exchange_frames(g, a, std::move(fp), ride);
+  exchange_fingerprints(g, a, fp);
+  return std::nullopt;
+}
+
+}  // namespace
+
+const uint8_t* Ridden::from(int src) const {
+  const int64_t frame = src - first_rank_;
+  TORCH_CHECK(frame >= 0 && frame * frame_words_ < frames_.numel(), "tdc::comm: no frame from rank ", src);
+  return reinterpret_cast<const uint8_t*>(frames_.data_ptr<int64_t>() + frame * frame_words_ + payload_word_);
+}
+
+void Ridden::copy_from(int src, const at::Tensor& dst) const {
+  TORCH_CHECK(dst.is_cpu() && dst.is_contiguous() && static_cast<int64_t>(dst.nbytes()) <= kRideBytes,
+              "tdc::comm: a ridden payload goes into a contiguous CPU tensor of at most ", kRideBytes, " bytes");
+  if (dst.nbytes() > 0) std::memcpy(dst.data_ptr(), from(src), dst.nbytes());
+}
+
+void agree(const ProcessGroup& g, const CheckArgs& a) { check(g, a, nullptr); }
+
+std::optional<Ridden> agree(const ProcessGroup& g, const CheckArgs& a, const Ride& ride) { return check(g, a, &ride); }
+
 }  // namespace tdc::comm::detail
 
 namespace tdc::comm {
 void set_argument_checks(bool enabled) { detail::tls_checks_set(enabled); }
 bool argument_checks() { return detail::checks_enabled(); }
+ArgumentCheckCounts argument_check_counts() { return detail::tls_counts; }
 }  // namespace tdc::comm
 
 namespace tdc::comm::detail {

@@ -1,6 +1,8 @@
 // Cross-rank argument checks (see [Note: cross-rank argument checks] in checks.cpp).
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,6 +30,36 @@ struct CheckArgs {
 // Throws (on every rank alike) when ranks disagree or any rank's arguments are bad. With checks
 // off, only throws this rank's local error.
 void agree(const ProcessGroup& g, const CheckArgs& args);
+
+// [Note: a small collective rides with its check] (checks.cpp): what a collective offers to send
+// inside its check's exchange. `payload(dst)` is what this rank sends to rank `dst` of the group:
+// a contiguous CPU tensor (undefined: nothing), never called for this rank itself.
+struct Ride {
+  std::function<at::Tensor(int dst)> payload;
+};
+// Up to this many bytes per destination ride along.
+constexpr int64_t kRideBytes = 4096;
+
+// The bytes every other rank sent to this one inside the check's exchange.
+class Ridden {
+ public:
+  Ridden(at::Tensor frames, int64_t frame_words, int64_t payload_word, int first_rank)
+      : frames_(std::move(frames)), frame_words_(frame_words), payload_word_(payload_word), first_rank_(first_rank) {}
+  // The start of what `src` (not this rank) sent to this rank; as many bytes as it sent.
+  const uint8_t* from(int src) const;
+  // Copies `bytes` of what `src` sent into `dst` (a contiguous CPU tensor of that many bytes).
+  void copy_from(int src, const at::Tensor& dst) const;
+
+ private:
+  at::Tensor frames_;  // int64 words: the frames received, from rank first_rank_ on
+  int64_t frame_words_, payload_word_;
+  int first_rank_;
+};
+
+// agree() whose exchange carries `ride` too: returns what the others sent when every rank's
+// payload rode (the collective is then done but for its local part), nothing when any did not
+// (then every rank runs the collective as usual). Every rank gets the same answer.
+std::optional<Ridden> agree(const ProcessGroup& g, const CheckArgs& args, const Ride& ride);
 
 bool checks_enabled();
 void tls_checks_set(bool enabled);

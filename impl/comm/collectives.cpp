@@ -196,14 +196,41 @@ c10::intrusive_ptr<c10d::Work> start_gather_by_alltoall(const ProcessGroup& g, a
   return g.backend().alltoall_base(out_flat, repeated, even, even, opts);
 }
 
+namespace {
+// [Note: a small collective rides with its check] (checks.cpp): the gathered blocks of every
+// rank's `in_flat` from what rode, as start_gather_by_alltoall leaves them.
+void gather_ridden(const ProcessGroup& g, const Ridden& ridden, at::Tensor& out_flat, const at::Tensor& in_flat) {
+  const int64_t k = in_flat.numel();
+  for (int src = 0; src < g.size(); ++src) {
+    at::Tensor block = out_flat.narrow(0, src * k, k);
+    if (src == g.rank()) {
+      copy_own_block(block, in_flat);
+    } else {
+      ridden.copy_from(src, block);
+    }
+  }
+}
+// What a collective that gathers `in_flat` offers to the check: the input itself, to every rank.
+Ride ride_gather(bool offered, const at::Tensor& in_flat) {
+  if (!offered) return {};
+  return {[in_flat](int) { return in_flat; }};
+}
+}  // namespace
+
 // [Note: gathers by all-to-all] (backend_registry.h): a small SUM or AVG all-reduce as an
 // all-gather of the inputs and a local sum in the order of Gloo's ring.
-Work all_reduce_by_alltoall(const ProcessGroup& g, const Staged& s, bool emulate_avg, bool async_op) {
+Work all_reduce_by_alltoall(const ProcessGroup& g, const Staged& s, bool emulate_avg, bool async_op,
+                            const std::optional<Ridden>& ridden) {
   record_path(g, "all_reduce", false);
   const int n = g.size();
   at::Tensor mine = s.buf.view({s.buf.numel()});
   at::Tensor everyone = core::empty_reusing({n * mine.numel()}, mine.options());
-  auto w = start_gather_by_alltoall(g, everyone, mine);
+  c10::intrusive_ptr<c10d::Work> w;
+  if (ridden) {
+    gather_ridden(g, *ridden, everyone, mine);
+  } else {
+    w = start_gather_by_alltoall(g, everyone, mine);
+  }
   return finish(
       std::move(w),
       [s, mine, everyone, emulate_avg, n] {
@@ -217,15 +244,15 @@ Work all_reduce_by_alltoall(const ProcessGroup& g, const Staged& s, bool emulate
 Work all_reduce(at::Tensor& tensor, ReduceOp op, const GroupPtr& group, bool async_op,
                 std::optional<OpKind> record_as) {
   const ProcessGroup& g = *resolve(group);
-  agree(g, {.op = Coll::AllReduce,
-            .tensor = tensor,
-            .reduce = op,
-            .local_error = op == ReduceOp::AVG ? avg_error("all_reduce", g, tensor) : ""});
+  const std::string err = op == ReduceOp::AVG ? avg_error("all_reduce", g, tensor) : "";
+  Staged s = stage(tensor);
+  const bool by_alltoall = err.empty() && g.all_reduce_by_alltoall(op, s.buf);
+  auto ridden = agree(g, {.op = Coll::AllReduce, .tensor = tensor, .reduce = op, .local_error = err},
+                      ride_gather(by_alltoall, s.buf.view({s.buf.numel()})));
   record(record_as, tensor.nbytes());
   const bool emulate_avg = op == ReduceOp::AVG && !g.native_avg();
   record_avg(g, op, emulate_avg);
-  Staged s = stage(tensor);
-  if (g.all_reduce_by_alltoall(op, s.buf)) return all_reduce_by_alltoall(g, s, emulate_avg, async_op);
+  if (by_alltoall) return all_reduce_by_alltoall(g, s, emulate_avg, async_op, ridden);
   record_path(g, "all_reduce", true);
   std::vector<at::Tensor> v{s.buf};
   c10d::AllreduceOptions opts;
@@ -281,18 +308,25 @@ Work all_gather_by_p2p(ProcessGroup& g, const Staged& s, const at::Tensor& in_fl
 Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const GroupPtr& group, bool async_op,
                             std::optional<OpKind> record_as) {
   ProcessGroup& g = *resolve(group);
-  agree(g, {.op = Coll::AllGather,
-            .tensor = input,
-            .local_error = size_error("all_gather_into_tensor", g, "output", output, "input", input)});
-  record(record_as, input.nbytes());
+  const std::string err = size_error("all_gather_into_tensor", g, "output", output, "input", input);
   at::Tensor in = backend_view(input).contiguous();
+  at::Tensor in_flat = in.view({in.numel()});
+  const auto bytes = static_cast<int64_t>(in_flat.nbytes());
+  const bool by_alltoall = !g.all_gather_by_p2p(bytes) && g.all_gather_by_alltoall(bytes);
+  auto ridden =
+      agree(g, {.op = Coll::AllGather, .tensor = input, .local_error = err}, ride_gather(by_alltoall, in_flat));
+  record(record_as, input.nbytes());
   Staged s = stage(output);
   AT_ASSERT(s.buf.numel() == in.numel() * g.size());
   at::Tensor out_flat = s.buf.view({g.size() * std::max<int64_t>(in.numel(), 0)});
-  at::Tensor in_flat = in.view({in.numel()});
-  if (g.all_gather_by_p2p(in_flat.nbytes())) return all_gather_by_p2p(g, s, in_flat, out_flat, async_op);
-  if (g.all_gather_by_alltoall(in_flat.nbytes())) {
+  if (g.all_gather_by_p2p(bytes)) return all_gather_by_p2p(g, s, in_flat, out_flat, async_op);
+  if (by_alltoall) {
     record_path(g, "all_gather_into_tensor", false);
+    if (ridden) {
+      gather_ridden(g, *ridden, out_flat, in_flat);
+      return finish(
+          {}, [s] { s.publish(); }, async_op);
+    }
     return finish(
         start_gather_by_alltoall(g, out_flat, in_flat), [s] { s.publish(); }, async_op);
   }
@@ -326,15 +360,20 @@ Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp
   ProcessGroup& g = *resolve(group);
   std::string err = size_error("reduce_scatter_tensor", g, "input", input, "output", output);
   if (err.empty() && op == ReduceOp::AVG) err = avg_error("reduce_scatter_tensor", g, input);
-  agree(g, {.op = Coll::ReduceScatter, .tensor = input, .reduce = op, .local_error = err});
-  record(record_as, input.nbytes());
   const int n = g.size();
   at::Tensor in = backend_view(input).contiguous().view({input.numel()});
+  // Each rank's chunk r goes to rank r: what rides with the check when the op goes by all-to-all.
+  const bool by_alltoall = err.empty() && g.reduce_scatter_by_alltoall(op);
+  const int64_t chunk = in.numel() / n;
+  Ride ride;
+  if (by_alltoall) ride.payload = [in, chunk](int dst) { return in.narrow(0, dst * chunk, chunk); };
+  auto ridden = agree(g, {.op = Coll::ReduceScatter, .tensor = input, .reduce = op, .local_error = err}, ride);
+  record(record_as, input.nbytes());
   Staged s = stage(output);
   at::Tensor out_flat = s.buf.view({s.buf.numel()});
   const bool emulate_avg = op == ReduceOp::AVG && !g.native_avg();
 
-  if (!g.reduce_scatter_by_alltoall(op) && g.native_reduce_scatter().value_or(true)) {
+  if (!by_alltoall && g.native_reduce_scatter().value_or(true)) {
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = to_c10d(emulate_avg ? ReduceOp::SUM : op);
     opts.timeout = g.options().timeout;
@@ -369,10 +408,22 @@ Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp
   record_path(g, "reduce_scatter_tensor", false);
   record_avg(g, op, true);
   at::Tensor received = core::empty_reusing(in.sizes(), in.options());
-  std::vector<int64_t> even;
-  c10d::AllToAllOptions opts;
-  opts.timeout = g.options().timeout;
-  auto w = g.backend().alltoall_base(received, in, even, even, opts);
+  c10::intrusive_ptr<c10d::Work> w;
+  if (ridden) {  // [Note: a small collective rides with its check] (checks.cpp)
+    for (int src = 0; src < n; ++src) {
+      at::Tensor row = received.narrow(0, src * chunk, chunk);
+      if (src == g.rank()) {
+        row.copy_(in.narrow(0, src * chunk, chunk));
+      } else {
+        ridden->copy_from(src, row);
+      }
+    }
+  } else {
+    std::vector<int64_t> even;
+    c10d::AllToAllOptions opts;
+    opts.timeout = g.options().timeout;
+    w = g.backend().alltoall_base(received, in, even, even, opts);
+  }
   const bool ring_order = g.reduce_scatter_by_alltoall(op);
   return finish(
       std::move(w),
@@ -533,9 +584,21 @@ Work broadcast(at::Tensor& tensor, int src, const GroupPtr& group, bool async_op
   if (src < 0 || src >= g.size()) {
     err = fmt::format("broadcast on {}: src {} is not a rank of the group [0, {})", group_label(g), src, g.size());
   }
-  agree(g, {.op = Coll::Broadcast, .tensor = tensor, .root = src, .local_error = err});
-  CommDebugMode::record(OpKind::Broadcast, tensor.nbytes());
   Staged s = stage(tensor);
+  // The source's tensor rides with the check to every rank ([Note: a small collective rides with
+  // its check], checks.cpp); the others send nothing.
+  Ride ride;
+  if (g.device_type() == "cpu") {
+    ride.payload = [buf = s.buf, src, me = g.rank()](int) { return me == src ? buf : at::Tensor(); };
+  }
+  auto ridden = agree(g, {.op = Coll::Broadcast, .tensor = tensor, .root = src, .local_error = err}, ride);
+  CommDebugMode::record(OpKind::Broadcast, tensor.nbytes());
+  if (ridden) {
+    if (g.rank() != src) ridden->copy_from(src, s.buf);
+    record_path(g, "broadcast", false);
+    return finish(
+        {}, [s] { s.publish(); }, async_op);
+  }
   std::vector<at::Tensor> v{s.buf};
   c10d::BroadcastOptions opts;
   opts.rootRank = src;
