@@ -49,11 +49,11 @@ void gathers_every_length() {
     lens[0] = first;
     return lens;
   };
-  gathers(lens_with(0, 0), 1);            // all empty
-  gathers(lens_with(0, 300), 1);          // one empty, the others short
-  gathers(lens_with(kFits, 17), 1);       // exactly at the limit
-  gathers(lens_with(kFits + 1, 17), 2);   // one byte over, on rank 0 only
-  gathers(lens_with(5, 3 * kFits), 2);    // the others far over
+  gathers(lens_with(0, 0), 1);           // all empty
+  gathers(lens_with(0, 300), 1);         // one empty, the others short
+  gathers(lens_with(kFits, 17), 1);      // exactly at the limit
+  gathers(lens_with(kFits + 1, 17), 2);  // one byte over, on rank 0 only
+  gathers(lens_with(5, 3 * kFits), 2);   // the others far over
 }
 
 TDC_DIST_TEST(GatherStringsTest, EveryLengthWorldSize2, .world_size = 2) { gathers_every_length(); }
