@@ -322,9 +322,12 @@ const uint8_t* Ridden::from(int src) const {
 }
 
 void Ridden::copy_from(int src, const at::Tensor& dst) const {
-  TORCH_CHECK(dst.is_cpu() && dst.is_contiguous() && static_cast<int64_t>(dst.nbytes()) <= kRideBytes,
-              "tdc::comm: a ridden payload goes into a contiguous CPU tensor of at most ", kRideBytes, " bytes");
-  if (dst.nbytes() > 0) std::memcpy(dst.data_ptr(), from(src), dst.nbytes());
+  const uint8_t* payload = from(src);
+  const int64_t sent = reinterpret_cast<const int64_t*>(payload)[kFRideBytes - payload_word_];
+  TORCH_CHECK(dst.is_cpu() && dst.is_contiguous() && static_cast<int64_t>(dst.nbytes()) == sent, "tdc::comm: rank ",
+              src, " sent ", sent, " bytes with its check, but the collective expects ", dst.nbytes(),
+              " in a contiguous CPU tensor");
+  if (sent > 0) std::memcpy(dst.data_ptr(), payload, dst.nbytes());
 }
 
 void agree(const ProcessGroup& g, const CheckArgs& a) { check(g, a, nullptr); }
