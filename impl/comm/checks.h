@@ -47,7 +47,8 @@ class Ridden {
       : frames_(std::move(frames)), frame_words_(frame_words), payload_word_(payload_word), first_rank_(first_rank) {}
   // The start of what `src` (not this rank) sent to this rank; as many bytes as it sent.
   const uint8_t* from(int src) const;
-  // Copies `bytes` of what `src` sent into `dst` (a contiguous CPU tensor of that many bytes).
+  // Copies what `src` sent into `dst`, a contiguous CPU tensor of exactly as many bytes as `src`
+  // said it sent in its fingerprint (else throws).
   void copy_from(int src, const at::Tensor& dst) const;
 
  private:
