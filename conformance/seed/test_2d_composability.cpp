@@ -435,8 +435,12 @@ void _test_train_parity_2d_transformer_checkpoint_resume(const std::string& temp
 }
 
 // PyTorch skips this method on Linux (upstream issue 125644) and under skip_if_lt_x_gpu(4); tdc runs it.
+// Its baseline and checkpointed models are each built after torch.manual_seed(42) on the same rank
+// and must be equal (the TP-distributed parameters are not synced across ranks): that needs the
+// rank's own generator, so a process per rank ([Note: tests whose ranks need a process each],
+// harness.h; as threads the other ranks' draws interleave and the losses differ).
 TDC_DIST_TEST(TestFullyShard2DTraining, test_train_parity_2d_transformer_checkpoint_resume, .world_size = kWorld2D,
-              .timeout_s = 300) {
+              .timeout_s = 300, .process_per_rank = true) {
   TDC_REQUIRE_CAPABILITY("tp");
   TDC_REQUIRE_CAPABILITY("fsdp2");
   TDC_REQUIRE_CAPABILITY("checkpoint");

@@ -11,7 +11,11 @@
 // decorator first).
 //
 // Launch: world size 2 (PyTorch: every visible accelerator, at least 2), one fork-launched world
-// per test, the subtest grid inside it (run_subtests).
+// per test, the subtest grid inside it (run_subtests). The five classes are FSDPTests, a process
+// per rank, and the helpers seed ATen's generator per rank (get_input's torch.manual_seed(1 +
+// rank)): every suite here says `.process_per_rank`, so `--launcher thread` forks them too
+// ([Note: tests whose ranks need a process each], harness.h; as threads, 25 of the 48 parity tests
+// failed and the rest passed by luck).
 //
 // What CPU changes, each stated at its spot below:
 //  * CPU offload: compute and offload device are both the CPU, so the "parameters are on the CPU"
@@ -563,6 +567,13 @@ void test_mixture_of_experts_with_delay_before_free(bool offload, std::optional<
 }
 
 }  // namespace
+
+// FSDPTests: a process per rank (the header's "Launch").
+TDC_DIST_SUITE(TestParityWithDDPCPU, .process_per_rank = true);
+TDC_DIST_SUITE(TestParamInitCPU, .process_per_rank = true);
+TDC_DIST_SUITE(TestHooksCPU, .process_per_rank = true);
+TDC_DIST_SUITE(TestNoGradCPU, .process_per_rank = true);
+TDC_DIST_SUITE(TestAutogradCPU, .process_per_rank = true);
 
 // Parametrize(("cpu_offload", "sharding_strategy"), configs, subtest_name): 6 tests per method.
 #define TDC_FSDP_CORE_PARITY_TEST(method, suffix, offload, strategy)                                     \

@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 #include <stdexcept>
+#include <utility>
 
 #include <ATen/Parallel.h>
 #include <ATen/Context.h>
@@ -226,6 +227,25 @@ LastOutcome& last_outcome() {
   return o;
 }
 
+namespace {
+// [Note: tests whose ranks need a process each] (harness.h): the thread launcher gives way to fork.
+void give_each_rank_a_process(LaunchSpec& spec, bool thread_launcher_forced) {
+  if (thread_launcher_forced) {
+    throw std::invalid_argument(fmt::format(
+        "{}.{}: the test forces the thread launcher (.launcher = Launcher::Thread) but its ranks need a process "
+        "each (.process_per_rank = true); drop one of the two",
+        spec.suite, spec.name));
+  }
+  spec.launcher = Launcher::Fork;
+  static bool said = false;
+  if (!std::exchange(said, true))
+    std::fprintf(stderr,
+                 "tdc: tests whose ranks need a process each (.process_per_rank: they seed process-wide state such "
+                 "as ATen's default generator per rank) start their ranks with the fork launcher, not as threads; "
+                 "the results name the launcher each test used\n");
+}
+}  // namespace
+
 LaunchSpec resolve(const char* suite, const char* name, const TestOptions& o) {
   const internal::RunSettings& s = internal::settings();
   TestOptions so;
@@ -242,6 +262,9 @@ LaunchSpec resolve(const char* suite, const char* name, const TestOptions& o) {
                                               : s.launcher;
   spec.num_threads = o.num_threads ? o.num_threads : so.num_threads ? so.num_threads : 1;
   spec.seed = o.seed ? *o.seed : so.seed ? *so.seed : 1234;
+  if ((o.process_per_rank || so.process_per_rank) && spec.launcher == Launcher::Thread) {
+    give_each_rank_a_process(spec, o.launcher || so.launcher);
+  }
   return spec;
 }
 

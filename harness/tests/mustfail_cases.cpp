@@ -7,7 +7,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
+#include <string>
 #include <thread>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/rand.h>
 
 #include "tdc/harness/harness.h"
 #include "tdc/harness/subtests.h"
@@ -205,6 +211,36 @@ TDC_DIST_TEST(MustFail, FailsEverySecondRun, .world_size = 1) {
 
 // Passes: used with an expectations file that says it fails (-> XPASS).
 TDC_DIST_TEST(MustFail, PassesButExpectedToFail, .world_size = 2) { barrier(); }
+
+// [Note: tests whose ranks need a process each] (harness.h): every rank seeds ATen's process-wide
+// generator with a seed of its own, then draws from it, as PyTorch's FSDPTest helpers do. With a
+// process per rank each rank draws its own numbers (passes, also under --tdc_launcher=thread,
+// which gives way to fork here); as threads the last rank to seed sets everyone's, so the variant
+// forced onto threads fails on at least one rank, whatever the order.
+void seed_per_rank_and_draw() {
+  at::manual_seed(100 + ctx().rank);
+  barrier();  // every rank has seeded before any rank draws
+  const at::Tensor drawn = at::rand({64});
+  const at::Tensor own = at::rand({64}, at::detail::createCPUGenerator(100 + ctx().rank));
+  EXPECT_TRUE(at::equal(drawn, own)) << "rank " << ctx().rank << " drew another rank's numbers";
+}
+
+TDC_DIST_TEST(MustFail, SeedsTheGlobalGeneratorPerRank, .world_size = 2, .process_per_rank = true) {
+  seed_per_rank_and_draw();
+  const std::string me = std::to_string(getpid());
+  ctx().store->set("pid" + std::to_string(ctx().rank), std::vector<uint8_t>(me.begin(), me.end()));
+  barrier();
+  const auto peer = ctx().store->get("pid" + std::to_string(1 - ctx().rank));
+  EXPECT_NE(std::string(peer.begin(), peer.end()), me) << "both ranks ran in one process";
+}
+
+TDC_DIST_TEST(MustFail, SeedsTheGlobalGeneratorPerRankAsThreads, .world_size = 2, .launcher = Launcher::Thread) {
+  seed_per_rank_and_draw();
+}
+
+// Asks for threads and for a process per rank at once: refused, naming the test.
+TDC_DIST_TEST(MustFail, ThreadsButProcessPerRank, .world_size = 2, .launcher = Launcher::Thread,
+              .process_per_rank = true) {}
 
 // No deadline of its own: takes --tdc_timeout.
 TDC_DIST_TEST(MustFailDefaults, HangWithRunDeadline, .world_size = 2) {

@@ -41,7 +41,17 @@ struct TestOptions {
   int num_threads = 0;                 // at::set_num_threads per rank; default 1
   std::optional<uint64_t> seed{};      // identical on every rank; default 1234
   int min_gpus = 0;                    // skip_if_lt_x_gpu(min_gpus) before any rank starts
+  bool process_per_rank = false;       // ranks need a process each: forked under the thread launcher
 };
+
+// [Note: tests whose ranks need a process each] Rank threads share their process's state, ATen's
+// default generator above all. A test that seeds it per rank (torch.manual_seed(1 + rank), as
+// PyTorch's FSDPTest helpers do in each rank's own process) and then draws from it cannot run as
+// threads: the last rank to seed sets everyone's numbers, and the verdict depends on scheduling.
+// Such a test (or its suite) says `.process_per_rank = true`, as PyTorch's MultiProcessTestCase
+// says it by its class: under the thread launcher its ranks fork instead (spawn where fork cannot
+// serve, [Note: the parent never initialises CUDA]); the results name the launcher each test used
+// and the run says so once. Forcing `.launcher = Launcher::Thread` on such a test is an error.
 
 // What a rank sees. Valid inside a rank body (any launcher), on the rank's own thread.
 struct RankContext {
