@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
@@ -217,6 +218,7 @@ TDC_DIST_TEST(MustFail, PassesButExpectedToFail, .world_size = 2) { barrier(); }
 // process per rank each rank draws its own numbers (passes, also under --tdc_launcher=thread,
 // which gives way to fork here); as threads the last rank to seed sets everyone's, so the variant
 // forced onto threads fails on at least one rank, whatever the order.
+namespace {
 void seed_per_rank_and_draw() {
   at::manual_seed(100 + ctx().rank);
   barrier();  // every rank has seeded before any rank draws
@@ -224,6 +226,7 @@ void seed_per_rank_and_draw() {
   const at::Tensor own = at::rand({64}, at::detail::createCPUGenerator(100 + ctx().rank));
   EXPECT_TRUE(at::equal(drawn, own)) << "rank " << ctx().rank << " drew another rank's numbers";
 }
+}  // namespace
 
 TDC_DIST_TEST(MustFail, SeedsTheGlobalGeneratorPerRank, .world_size = 2, .process_per_rank = true) {
   seed_per_rank_and_draw();
