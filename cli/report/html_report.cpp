@@ -126,7 +126,7 @@ std::string section_runs(const ReportInput& in) {
         "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td "
         "class=\"file\"><code>{}</code></td></tr>\n",
         r, html_escape(run.label), html_escape(impl), html_escape(i.backend), html_escape(i.device),
-        html_escape(i.launcher), i.world_size, html_escape(i.host), html_escape(i.started_at),
+        html_escape(run_launcher_label(run.results)), i.world_size, html_escape(i.host), html_escape(i.started_at),
         html_escape(i.suite_revision), html_escape(libtorch_label(i)), run.results.tests.size(), html_escape(statuses),
         html_escape(run.results_path.string()));
   }

@@ -63,8 +63,8 @@ std::string runs_table(const ReportInput& in) {
     for (auto [status, n] : run.results.counts())
       if (n) statuses += fmt::format("{}{} {}", statuses.empty() ? "" : ", ", harness::to_string(status), n);
     out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | `{}` |\n", cell(run.label),
-                       cell(i.implementation), cell(i.backend), cell(i.device), cell(i.launcher), i.world_size,
-                       cell(i.host), cell(i.started_at), cell(i.suite_revision), run.results.tests.size(),
+                       cell(i.implementation), cell(i.backend), cell(i.device), cell(run_launcher_label(run.results)),
+                       i.world_size, cell(i.host), cell(i.started_at), cell(i.suite_revision), run.results.tests.size(),
                        cell(statuses), cell(run.results_path.string()));
   }
   return out + "\n";

@@ -116,6 +116,22 @@ std::vector<Change> diff_runs(const Matrix& m, size_t first, size_t last) {
   return out;
 }
 
+std::string run_launcher_label(const harness::RunResults& results) {
+  const std::string& run = results.run_info.launcher;
+  std::map<std::string, int> others;  // launcher -> tests that used it instead of the run's
+  int distributed = 0;                // tests that used a launcher at all (not a plain TEST)
+  for (const auto& t : results.tests) {
+    if (t.launcher == "none" || t.launcher.empty()) continue;
+    ++distributed;
+    if (t.launcher != run) ++others[t.launcher];
+  }
+  std::string label = run;
+  for (const auto& [launcher, n] : others) {
+    label += fmt::format("{}{} of {} tests with {}", label == run ? " (" : ", ", n, distributed, launcher);
+  }
+  return others.empty() ? label : label + ")";
+}
+
 std::vector<FlakyTest> flaky_tests(const std::vector<ReportRun>& runs) {
   std::vector<FlakyTest> out;
   for (size_t r = 0; r < runs.size(); ++r) {

@@ -69,6 +69,10 @@ struct FlakyTest {
 };
 std::vector<FlakyTest> flaky_tests(const std::vector<ReportRun>& runs);
 
+// The run's launcher as the Runs table says it: "fork", or "thread (61 of 102 tests with fork)"
+// when some tests ran with another one ([Note: tests whose ranks need a process each], harness.h).
+std::string run_launcher_label(const harness::RunResults& results);
+
 // The id of the HTML element that holds a result's message ("msg-r<run>-t<index>").
 std::string message_anchor(size_t run, int index);
 // Human spelling of a cell status ("not implemented" for kNotImplemented).

@@ -181,6 +181,28 @@ TEST(ReportFlaky, FindsFlakyStatusAndMixedRepeatCounts) {
   EXPECT_EQ(found[0].index, 1);
 }
 
+// [Note: tests whose ranks need a process each]: a thread run whose tests partly forked says so in
+// its Runs row; a run whose tests all used its launcher (or none: plain TESTs) says just that.
+TEST(ReportRuns, TheLauncherSaysWhichTestsUsedAnother) {
+  harness::RunResults r;
+  r.run_info.launcher = "thread";
+  auto test = [](const char* id, const char* launcher) {
+    harness::TestResult t;
+    t.id = id;
+    t.launcher = launcher;
+    return t;
+  };
+  r.tests = {test("S.a", "thread"), test("S.b", "fork"), test("S.c", "fork"), test("S.d", "none")};
+  EXPECT_EQ(run_launcher_label(r), "thread (2 of 3 tests with fork)");
+  r.tests.push_back(test("S.e", "spawn"));
+  EXPECT_EQ(run_launcher_label(r), "thread (2 of 4 tests with fork, 1 of 4 tests with spawn)");
+  r.tests = {test("S.a", "thread"), test("S.d", "none")};
+  EXPECT_EQ(run_launcher_label(r), "thread");
+  ReportInput in = fixture_input();
+  const std::string md = render_markdown(in);
+  EXPECT_NE(md.find("| " + in.runs[0].results.run_info.launcher + " |"), std::string::npos) << md.substr(0, 800);
+}
+
 // ------------------------------------------------------------------ parity
 
 TEST(ReportParity, ReadsTheSampleFile) {
