@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace tdc::cli {
 
@@ -125,11 +126,11 @@ std::string run_launcher_label(const harness::RunResults& results) {
     ++distributed;
     if (t.launcher != run) ++others[t.launcher];
   }
-  std::string label = run;
-  for (const auto& [launcher, n] : others) {
-    label += fmt::format("{}{} of {} tests with {}", label == run ? " (" : ", ", n, distributed, launcher);
-  }
-  return others.empty() ? label : label + ")";
+  if (others.empty()) return run;
+  std::vector<std::string> parts;
+  for (const auto& [launcher, n] : others)
+    parts.push_back(fmt::format("{} of {} tests with {}", n, distributed, launcher));
+  return fmt::format("{} ({})", run, fmt::join(parts, ", "));
 }
 
 std::vector<FlakyTest> flaky_tests(const std::vector<ReportRun>& runs) {
