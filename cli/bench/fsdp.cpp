@@ -5,6 +5,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "bench/support.h"
@@ -29,11 +30,22 @@ double ratio_of(const ojson& c, const char* num, const char* den) {
   return d > 0 ? c.value(num, 0.0) / d : 0.0;
 }
 
+// Whether a case's rounds fall on both sides of `target` (some meet it, some do not): then its
+// verdict depends on the run, and the printout says so.
+bool rounds_straddle(const ojson& c, const char* per_round_key, double target) {
+  if (!c.contains(per_round_key) || !c[per_round_key].is_array() || c[per_round_key].empty()) return false;
+  const std::vector<double> v = c[per_round_key].get<std::vector<double>>();
+  const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+  return *lo <= target && *hi > target;
+}
+
 // Sets every case's ratios from its step times (a round's, or the medians over rounds: the ratios
-// are always taken between the step times the file shows) and the file's verdicts on both targets.
+// are always taken between the step times the file shows) and the file's verdicts on both targets,
+// with the cases whose rounds straddle a target.
 void set_ratios_and_verdicts(ojson& out) {
   bool met = true, ddp_met = true;
   double worst = 0, ddp_worst = 0;
+  ojson straddled = ojson::array(), ddp_straddled = ojson::array();
   for (auto& [model, worlds] : out["cases"].items()) {
     for (auto& [world, c] : worlds.items()) {
       const double ratio = ratio_of(c, "tdc_fsdp_step_ms", "pytorch_fsdp_step_ms");
@@ -46,15 +58,19 @@ void set_ratios_and_verdicts(ojson& out) {
       ddp_met = ddp_met && over_ddp > 0 && over_ddp <= kFsdpOverDdpTarget;
       worst = std::max(worst, ratio);
       ddp_worst = std::max(ddp_worst, over_ddp);
+      if (rounds_straddle(c, "ratio_per_round", 1.0)) straddled.push_back(model + "/" + world);
+      if (rounds_straddle(c, "fsdp_over_ddp_per_round", kFsdpOverDdpTarget)) ddp_straddled.push_back(model + "/" + world);
     }
   }
   out["target"] = "tdc_fsdp_step_ms <= pytorch_fsdp_step_ms in every case (ratio <= 1)";
   out["target_met"] = met;
   out["worst_ratio"] = worst;
+  out["target_straddled"] = straddled;
   out["ddp_target"] = fmt::format("tdc_fsdp_step_ms <= {} * ddp_step_ms in every case (fsdp_over_ddp <= {})",
                                   kFsdpOverDdpTarget, kFsdpOverDdpTarget);
   out["ddp_target_met"] = ddp_met;
   out["worst_fsdp_over_ddp"] = ddp_worst;
+  out["ddp_target_straddled"] = ddp_straddled;
 }
 
 // tdc's JSON (`tdc_bench fsdp`) + PyTorch's (fsdp_pytorch.py) -> the merged result. Both name the
@@ -111,6 +127,15 @@ std::string round_range(const ojson& c, const char* key) {
   return fmt::format(" [{:.2f}-{:.2f}]", *lo, *hi);
 }
 
+// One target's verdict line, naming the cases whose rounds fall on both sides of it.
+void print_verdict(const std::string& target, bool met, double worst, const ojson& straddled) {
+  fmt::print("target: {} in every case: {} (worst {:.2f})", target, met ? "met" : "NOT met", worst);
+  if (straddled.is_array() && !straddled.empty())
+    fmt::print("; rounds on both sides of it in {}: the verdict depends on the run",
+               fmt::join(straddled.get<std::vector<std::string>>(), ", "));
+  fmt::print("\n");
+}
+
 int print_fsdp(const ojson& j, const fs::path& out, const fs::path& png) {
   const std::string version = j.value("fsdp", std::string("FSDP2"));
   const bool v1 = version == "FSDP1";
@@ -137,12 +162,12 @@ int print_fsdp(const ojson& j, const fs::path& out, const fs::path& png) {
       "\nratio = tdc {0} step / PyTorch {1} step (same model, batch, step, world size);\n"
       "tdc_nochecks: tdc {0} with its cross-rank collective argument checks off (TDC_COMM_CHECKS=0)\n"
       "fsdp/ddp = tdc {0} step / tdc DDP step (same model, batch, world size, round; in brackets the lowest and\n"
-      "highest of the rounds)\n"
-      "target: ratio <= 1 in every case: {2} (worst {3:.2f})\n"
-      "target: fsdp/ddp <= {4} in every case: {5} (worst {6:.2f})\n",
-      version, v1 ? "FullyShardedDataParallel" : "fully_shard", j.value("target_met", false) ? "met" : "NOT met",
-      j.value("worst_ratio", 0.0), kFsdpOverDdpTarget, j.value("ddp_target_met", false) ? "met" : "NOT met",
-      j.value("worst_fsdp_over_ddp", 0.0));
+      "highest of the rounds)\n",
+      version, v1 ? "FullyShardedDataParallel" : "fully_shard");
+  print_verdict("ratio <= 1", j.value("target_met", false), j.value("worst_ratio", 0.0),
+                j.value("target_straddled", ojson::array()));
+  print_verdict(fmt::format("fsdp/ddp <= {}", kFsdpOverDdpTarget), j.value("ddp_target_met", false),
+                j.value("worst_fsdp_over_ddp", 0.0), j.value("ddp_target_straddled", ojson::array()));
   int largest_world = 0;
   for (const auto& [model, worlds] : j["cases"].items())
     for (const auto& [world, c] : worlds.items()) largest_world = std::max(largest_world, std::stoi(world));
