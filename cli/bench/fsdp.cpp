@@ -59,7 +59,8 @@ void set_ratios_and_verdicts(ojson& out) {
       worst = std::max(worst, ratio);
       ddp_worst = std::max(ddp_worst, over_ddp);
       if (rounds_straddle(c, "ratio_per_round", 1.0)) straddled.push_back(model + "/" + world);
-      if (rounds_straddle(c, "fsdp_over_ddp_per_round", kFsdpOverDdpTarget)) ddp_straddled.push_back(model + "/" + world);
+      if (rounds_straddle(c, "fsdp_over_ddp_per_round", kFsdpOverDdpTarget))
+        ddp_straddled.push_back(model + "/" + world);
     }
   }
   out["target"] = "tdc_fsdp_step_ms <= pytorch_fsdp_step_ms in every case (ratio <= 1)";
