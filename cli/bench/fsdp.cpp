@@ -69,9 +69,8 @@ ojson merge_fsdp(const ojson& t, const fs::path& tdc_file, const ojson& py, cons
 // spread a reader needs to judge a verdict near its target.
 std::string round_range(const ojson& c, const char* key) {
   if (!c.contains(key) || !c[key].is_array() || c[key].size() < 2) return "";
-  std::vector<double> v = c[key].get<std::vector<double>>();
-  const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
-  return fmt::format(" [{:.2f}-{:.2f}]", *lo, *hi);
+  const auto extent = round_extent(c, key);
+  return fmt::format(" [{:.2f}-{:.2f}]", extent->first, extent->second);
 }
 
 // One target's verdict line, naming the cases whose rounds fall on both sides of it.

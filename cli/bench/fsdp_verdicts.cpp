@@ -20,11 +20,16 @@ double ratio_of(const ojson& c, const char* num, const char* den) {
 
 }  // namespace
 
-bool rounds_straddle(const ojson& c, const char* per_round_key, double target) {
-  if (!c.contains(per_round_key) || !c[per_round_key].is_array() || c[per_round_key].empty()) return false;
+std::optional<std::pair<double, double>> round_extent(const ojson& c, const char* per_round_key) {
+  if (!c.contains(per_round_key) || !c[per_round_key].is_array() || c[per_round_key].empty()) return std::nullopt;
   const std::vector<double> v = c[per_round_key].get<std::vector<double>>();
   const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
-  return *lo <= target && *hi > target;
+  return std::make_pair(*lo, *hi);
+}
+
+bool rounds_straddle(const ojson& c, const char* per_round_key, double target) {
+  const auto extent = round_extent(c, per_round_key);
+  return extent && extent->first <= target && extent->second > target;
 }
 
 void set_ratios_and_verdicts(ojson& out) {

@@ -10,11 +10,17 @@
 // sides of a target is named with that target's verdict: the verdict depends on the run.
 #pragma once
 
+#include <optional>
+#include <utility>
+
 #include <nlohmann/json.hpp>
 
 namespace tdc::cli::bench {
 
 inline constexpr double kFsdpOverDdpTarget = 1.5;
+
+// The lowest and highest of the numbers in c[per_round_key]; nullopt when there are none.
+std::optional<std::pair<double, double>> round_extent(const nlohmann::ordered_json& c, const char* per_round_key);
 
 // Whether the numbers in c[per_round_key] fall on both sides of `target` (some <= it, some above).
 bool rounds_straddle(const nlohmann::ordered_json& c, const char* per_round_key, double target);
