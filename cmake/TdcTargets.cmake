@@ -1,10 +1,8 @@
 # How tdc's folders declare their products: test binaries (listed
 # in tdc_suites.json for `tdc run`) and the files the CLI reads from the build directory.
 
-# [Note: no precompiled header] tdc has none: measured side by side (docs/bench/build_time.md,
-# tools/build/tu_times.sh), the shared PCH of LibTorch (~790 MB) made a TU that needs little of
-# it twice as slow (loading it costs more than parsing what the TU includes) and a heavy TU no
-# faster, and its 40 s build held up every other TU. Each TU includes what it uses.
+# Precompiled headers: two, shared by the targets that parse torch/nn/module.h anyway
+# ([Note: two shared precompiled headers], cmake/TdcPch.cmake). Each TU still includes what it uses.
 
 # ---------------------------------------------------------------- test binaries
 # tdc_test_binary(name kind sources...): kind is unit, mustfail or conformance. Every binary is
