@@ -8,9 +8,10 @@
 #          used by the suites, the conformance support library, the benchmarks and the parity
 #          runner. GCC accepts a -g1 PCH in a TU compiled without -g, not the reverse: so a
 #          target with -g1 must take `test`.
-# A TU that reuses a PCH must be compiled with the flags it was built with (else GCC says
-# "not used because ..." under -Winvalid-pch, which CMake adds, and parses the headers again):
-# the hosts below get their flags from the same interface targets as their users.
+# A TU that reuses a PCH must be compiled with the flags it was built with (else GCC only warns
+# under -Winvalid-pch, which CMake adds, and parses the headers again): the hosts below get their
+# flags from the same interface targets as their users, and CTest tdc_pch_used
+# (cmake/CheckPchUsed.cmake) fails when a compile given a PCH did not use it.
 # Measured side by side on this project's 2-core machine (docs/bench/build_time.md, "Two shared
 # precompiled headers"): a suite's unity TU 27.5-28 s -> 13.8-14.5 s; a TU that includes none of
 # torch/nn/module.h (the harness, the CLI) gets slower with it (28.4 -> 33.2 s), so only the

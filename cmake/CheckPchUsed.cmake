@@ -1,0 +1,61 @@
+# [Note: two shared precompiled headers] (cmake/TdcPch.cmake): every compile that is given a
+# shared PCH must use it. A compile whose flags differ from its PCH's (another -g level, a define
+# the headers read) gets only a -Winvalid-pch warning from GCC and parses the headers again: the
+# build stays correct and silently slower. GCC's dependency file tells the two apart: a compile
+# that used the PCH does not list cmake_pch.hxx (the .gch stands for it), one that parsed it does.
+#   cmake -DBUILD=<build dir> -P CheckPchUsed.cmake
+#       every object that build.ninja compiles with a cmake_pch.hxx.gch, checked in `ninja -t deps`
+#   cmake -DBUILD_NINJA=<file> -DDEPS=<file> -P CheckPchUsed.cmake
+#       the same on a saved build.ninja and `ninja -t deps` output (the check's own test)
+if(BUILD)
+  set(BUILD_NINJA ${BUILD}/build.ninja)
+endif()
+if(NOT BUILD_NINJA OR NOT EXISTS "${BUILD_NINJA}")
+  message(FATAL_ERROR "CheckPchUsed: no build.ninja ('${BUILD_NINJA}'): pass -DBUILD=<a configured Ninja build dir>")
+endif()
+file(STRINGS "${BUILD_NINJA}" lines REGEX "^build [^:]+\\.o: .*cmake_pch\\.hxx\\.gch")
+set(objects "")
+foreach(line IN LISTS lines)
+  string(REGEX REPLACE "^build ([^:]+): .*" "\\1" object "${line}")
+  list(APPEND objects "${object}")
+endforeach()
+list(LENGTH objects n_objects)
+if(n_objects EQUAL 0)
+  message(STATUS "CheckPchUsed: no compile of ${BUILD_NINJA} takes a shared PCH (TDC_PCH=OFF)")
+  return()
+endif()
+if(DEPS)
+  file(READ "${DEPS}" deps)
+else()
+  find_program(TDC_NINJA ninja REQUIRED)
+  execute_process(COMMAND ${TDC_NINJA} -C ${BUILD} -t deps ${objects} OUTPUT_VARIABLE deps RESULTS_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "CheckPchUsed: 'ninja -C ${BUILD} -t deps' failed (${rc})")
+  endif()
+endif()
+# `ninja -t deps` prints, per object, "OBJ: #deps N, deps mtime T (VALID)" and then its
+# dependencies indented by four spaces, one per line.
+string(REPLACE ";" "\\;" deps "${deps}")
+string(REPLACE "\n" ";" deps_lines "${deps}")
+set(current "")
+set(parsed "")
+set(checked 0)
+foreach(line IN LISTS deps_lines)
+  if(line MATCHES "^([^ ].*): #deps")
+    set(current "${CMAKE_MATCH_1}")
+    math(EXPR checked "${checked} + 1")
+  elseif(current AND line MATCHES "cmake_pch\\.hxx$")
+    list(APPEND parsed "${current}")
+  endif()
+endforeach()
+list(REMOVE_DUPLICATES parsed)
+list(LENGTH parsed n_parsed)
+if(n_parsed GREATER 0)
+  string(REPLACE ";" "\n  " shown "${parsed}")
+  message(FATAL_ERROR "CheckPchUsed: ${n_parsed} of ${n_objects} compiles given a shared PCH parsed its headers "
+    "instead of using it (their flags differ from the PCH's; rebuild one to see GCC's -Winvalid-pch reason):\n  ${shown}")
+endif()
+if(checked EQUAL 0)
+  message(FATAL_ERROR "CheckPchUsed: none of the ${n_objects} compiles given a shared PCH has dependencies recorded: build first")
+endif()
+message(STATUS "CheckPchUsed: ${checked} of ${n_objects} compiles given a shared PCH used it")
