@@ -10,7 +10,9 @@
 #          target with -g1 must take `test`.
 # A TU that reuses a PCH must be compiled with the flags it was built with (else GCC only warns
 # under -Winvalid-pch, which CMake adds, and parses the headers again): the hosts below get their
-# flags from the same interface targets as their users, and CTest tdc_pch_used
+# flags from the same interface targets as their users, a source with its own definitions that
+# LibTorch's headers may read (impl/comm/backend_nccl.cpp's USE_CUDA) skips the PCH
+# (SKIP_PRECOMPILE_HEADERS), and CTest tdc_pch_used
 # (cmake/CheckPchUsed.cmake) fails when a compile given a PCH did not use it.
 # Measured side by side on this project's 2-core machine (docs/bench/build_time.md, "Two shared
 # precompiled headers"): a suite's unity TU 27.5-28 s -> 13.8-14.5 s; a TU that includes none of
@@ -28,7 +30,9 @@ option(TDC_PCH "Share two precompiled headers of LibTorch (and GoogleTest) among
 
 if(TDC_PCH)
   set(_tdc_pch_source ${CMAKE_BINARY_DIR}/tdc_pch_host.cpp)
-  file(WRITE ${_tdc_pch_source} "// The host of a shared precompiled header ([Note: two shared precompiled headers]).\n")
+  # file(CONFIGURE) writes only when the text changes, so a reconfigure recompiles nothing.
+  file(CONFIGURE OUTPUT ${_tdc_pch_source}
+       CONTENT "// The host of a shared precompiled header ([Note: two shared precompiled headers]).\n")
   add_library(tdc_pch_lib OBJECT ${_tdc_pch_source})
   target_link_libraries(tdc_pch_lib PRIVATE tdc_deps)
   target_precompile_headers(tdc_pch_lib PRIVATE <ATen/core/Tensor.h> <torch/nn/module.h>)
