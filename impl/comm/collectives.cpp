@@ -234,7 +234,7 @@ Work all_reduce_by_alltoall(const ProcessGroup& g, const Staged& s, bool emulate
   return finish(
       std::move(w),
       [s, mine, everyone, emulate_avg, n] {
-        sum_in_ring_order(mine, everyone.view({n, -1}));
+        sum_in_ring_order(mine, everyone.view({n, -1}).unbind(0));
         if (emulate_avg) mine.div_(n);  // AVG = SUM / size, as after Gloo's own all-reduce
         s.publish();
       },
@@ -340,10 +340,11 @@ Work all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const G
 
 // The emulated reduce-scatter's local reduction into `out` for a backend without a native one:
 // rows[0] op rows[1] op ..., left to right.
-void reduce_in_rank_order(at::Tensor out, const at::Tensor& rows, ReduceOp op) {
-  const int64_t n = rows.size(0);
+void reduce_in_rank_order(at::Tensor out, at::TensorList rows, ReduceOp op) {
+  const auto n = static_cast<int64_t>(rows.size());
   if (op == ReduceOp::MAX || op == ReduceOp::MIN) {
-    out.copy_(std::get<0>(op == ReduceOp::MAX ? rows.max(0) : rows.min(0)));
+    const at::Tensor stacked = at::stack(rows);
+    out.copy_(std::get<0>(op == ReduceOp::MAX ? stacked.max(0) : stacked.min(0)));
     return;
   }
   if (n == 1) {
@@ -353,6 +354,71 @@ void reduce_in_rank_order(at::Tensor out, const at::Tensor& rows, ReduceOp op) {
   }
   for (int64_t k = 2; k < n; ++k) out.add_(rows[k]);
   if (op == ReduceOp::AVG) out.div_(n);
+}
+
+// Emulation (backends without a native reduce-scatter that honours the op, and SUM / AVG where
+// the all-to-all is cheaper: [Note: a reduce-scatter by all-to-all, in the ring's order]): one
+// all-to-all moves chunk r of every rank to rank r (bandwidth-optimal, like a ring
+// reduce-scatter), then the n received chunks are reduced locally: in the ring's order where
+// that is why it runs, else in rank order.
+Work reduce_scatter_by_emulation(const ProcessGroup& g, const Staged& s, const at::Tensor& in, ReduceOp op,
+                                 const std::optional<Ridden>& ridden, bool async_op) {
+  const int n = g.size();
+  const int64_t chunk = in.numel() / n;
+  record_path(g, "reduce_scatter_tensor", false);
+  record_avg(g, op, true);
+  const bool ring_order = g.reduce_scatter_by_alltoall(op);
+  // [Note: a two-rank reduce-scatter moves the peer's chunk only] With two ranks and the ring's
+  // order (a sum of two rows, which does not depend on which row is which), each rank sends its
+  // peer's chunk and receives its own from the peer; its own contribution is read where it is, in
+  // `in`. An even all-to-all would first copy that chunk into the received rows (Gloo's alltoall
+  // copies a rank's own block): half of `in` copied per reduce-scatter, which FSDP2's step at
+  // world 2 paid on every block (docs/bench/README.md). `in` is read when the work is waited on,
+  // as every collective's input may be until then.
+  const bool pairwise = ring_order && n == 2 && !ridden;
+  const int me = g.rank(), peer = 1 - me;
+  at::Tensor received = core::empty_reusing(pairwise ? at::IntArrayRef{chunk} : in.sizes(), in.options());
+  c10::intrusive_ptr<c10d::Work> w;
+  c10d::AllToAllOptions opts;
+  opts.timeout = g.options().timeout;
+  if (ridden) {  // [Note: a small collective rides with its check] (checks.cpp)
+    for (int src = 0; src < n; ++src) {
+      at::Tensor row = received.narrow(0, src * chunk, chunk);
+      if (src == g.rank()) {
+        row.copy_(in.narrow(0, src * chunk, chunk));
+      } else {
+        ridden->copy_from(src, row);
+      }
+    }
+  } else if (pairwise) {
+    std::vector<int64_t> out_splits(2, 0);
+    out_splits[peer] = chunk;
+    // Two vectors: c10d's Gloo work may move from each (one vector passed as both failed Gloo's checks).
+    std::vector<int64_t> in_splits = out_splits;
+    at::Tensor to_peer = in.narrow(0, peer * chunk, chunk);
+    w = g.backend().alltoall_base(received, to_peer, out_splits, in_splits, opts);
+  } else {
+    std::vector<int64_t> even;
+    at::Tensor to_all = in;
+    w = g.backend().alltoall_base(received, to_all, even, even, opts);
+  }
+  std::vector<at::Tensor> rows = pairwise ? std::vector<at::Tensor>(2) : received.view({n, -1}).unbind(0);
+  if (pairwise) {
+    rows[me] = in.narrow(0, me * chunk, chunk);
+    rows[peer] = received;
+  }
+  return finish(
+      std::move(w),
+      [s, rows, op, ring_order, rank = g.rank()] {
+        at::Tensor out = s.buf.view({s.buf.numel()});
+        if (ring_order) {
+          reduce_in_ring_order(out, rows, op, rank);
+        } else {
+          reduce_in_rank_order(out, rows, op);
+        }
+        s.publish();
+      },
+      async_op);
 }
 
 Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp op, const GroupPtr& group,
@@ -400,43 +466,7 @@ Work reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, ReduceOp
           async_op);
     }
   }
-  // Emulation (backends without a native reduce-scatter that honours the op, and SUM / AVG where
-  // the all-to-all is cheaper: [Note: a reduce-scatter by all-to-all, in the ring's order]): one
-  // all-to-all moves chunk r of every rank to rank r (bandwidth-optimal, like a ring
-  // reduce-scatter), then the n received chunks are reduced locally: in the ring's order where
-  // that is why it runs, else in rank order.
-  record_path(g, "reduce_scatter_tensor", false);
-  record_avg(g, op, true);
-  at::Tensor received = core::empty_reusing(in.sizes(), in.options());
-  c10::intrusive_ptr<c10d::Work> w;
-  if (ridden) {  // [Note: a small collective rides with its check] (checks.cpp)
-    for (int src = 0; src < n; ++src) {
-      at::Tensor row = received.narrow(0, src * chunk, chunk);
-      if (src == g.rank()) {
-        row.copy_(in.narrow(0, src * chunk, chunk));
-      } else {
-        ridden->copy_from(src, row);
-      }
-    }
-  } else {
-    std::vector<int64_t> even;
-    c10d::AllToAllOptions opts;
-    opts.timeout = g.options().timeout;
-    w = g.backend().alltoall_base(received, in, even, even, opts);
-  }
-  const bool ring_order = g.reduce_scatter_by_alltoall(op);
-  return finish(
-      std::move(w),
-      [s, received, op, n, ring_order, rank = g.rank()] {
-        at::Tensor out = s.buf.view({s.buf.numel()}), rows = received.view({n, -1});
-        if (ring_order) {
-          reduce_in_ring_order(out, rows, op, rank);
-        } else {
-          reduce_in_rank_order(out, rows, op);
-        }
-        s.publish();
-      },
-      async_op);
+  return reduce_scatter_by_emulation(g, s, in, op, ridden, async_op);
 }
 
 }  // namespace detail

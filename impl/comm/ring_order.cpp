@@ -25,10 +25,10 @@ int64_t ring_block_numel(int64_t total_numel, int64_t element_size, int n) {
 
 namespace {
 // Elements [first, first + out.numel()) of a ring all-reduce over `total` elements, from the rows
-// of those elements (rows: [n, out.numel()]), summed block by block in the ring's order.
-void sum_range_in_ring_order(at::Tensor out, const at::Tensor& rows, int64_t first, int64_t total) {
-  const int n = static_cast<int>(rows.size(0));
-  const int64_t block = ring_block_numel(total, static_cast<int64_t>(rows.element_size()), n);
+// of those elements (n rows of out.numel()), summed block by block in the ring's order.
+void sum_range_in_ring_order(at::Tensor out, at::TensorList rows, int64_t first, int64_t total) {
+  const int n = static_cast<int>(rows.size());
+  const int64_t block = ring_block_numel(total, static_cast<int64_t>(rows[0].element_size()), n);
   const int64_t last = first + out.numel();
   for (int64_t pos = first; pos < last;) {
     const int64_t b = pos / block;
@@ -43,12 +43,13 @@ void sum_range_in_ring_order(at::Tensor out, const at::Tensor& rows, int64_t fir
 }
 }  // namespace
 
-void reduce_in_ring_order(at::Tensor out, const at::Tensor& rows, ReduceOp op, int rank) {
-  const int64_t chunk = rows.size(1);
-  sum_range_in_ring_order(out, rows, rank * chunk, rows.size(0) * chunk);
-  if (op == ReduceOp::AVG) out.div_(rows.size(0));
+void reduce_in_ring_order(at::Tensor out, at::TensorList rows, ReduceOp op, int rank) {
+  const auto n = static_cast<int64_t>(rows.size());
+  const int64_t chunk = rows[0].numel();
+  sum_range_in_ring_order(out, rows, rank * chunk, n * chunk);
+  if (op == ReduceOp::AVG) out.div_(n);
 }
 
-void sum_in_ring_order(at::Tensor out, const at::Tensor& rows) { sum_range_in_ring_order(out, rows, 0, rows.size(1)); }
+void sum_in_ring_order(at::Tensor out, at::TensorList rows) { sum_range_in_ring_order(out, rows, 0, rows[0].numel()); }
 
 }  // namespace tdc::comm::detail

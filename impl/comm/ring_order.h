@@ -17,13 +17,13 @@ namespace tdc::comm::detail {
 // b-2's, b-3's, ..., b's are added, one at a time (ranks mod n).
 int64_t ring_block_numel(int64_t total_numel, int64_t element_size, int n);
 
-// Rank `rank`'s chunk of a SUM or AVG reduce-scatter from the n rows of `rows` ([n, chunk]: row k
-// is rank k's contribution), reduced into `out` in that order: bit for bit what Gloo's
-// all-reduce of the whole buffer leaves in that chunk.
-void reduce_in_ring_order(at::Tensor out, const at::Tensor& rows, ReduceOp op, int rank);
+// Rank `rank`'s chunk of a SUM or AVG reduce-scatter from the n `rows` (row k: rank k's
+// contribution, `chunk` elements, 1-D; the rows need not share a buffer), reduced into `out` in
+// that order: bit for bit what Gloo's all-reduce of the whole buffer leaves in that chunk.
+void reduce_in_ring_order(at::Tensor out, at::TensorList rows, ReduceOp op, int rank);
 
-// The SUM of a whole all-reduce from the n rows of `rows` ([n, numel]: row k is rank k's tensor),
+// The SUM of a whole all-reduce from the n `rows` (row k: rank k's tensor, numel elements, 1-D),
 // into `out` (numel elements) in that order: bit for bit what Gloo's all-reduce returns.
-void sum_in_ring_order(at::Tensor out, const at::Tensor& rows);
+void sum_in_ring_order(at::Tensor out, at::TensorList rows);
 
 }  // namespace tdc::comm::detail
