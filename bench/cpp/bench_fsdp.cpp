@@ -2,7 +2,7 @@
 // with --fsdp1, of tdc's FSDP1 (FullyShardedDataParallel around the model, auto-wrapping each block
 // with ModuleWrapPolicy, FULL_SHARD and FSDP1's other defaults) against DDP and single-process
 // training on the same global batch, for two models at world sizes 2 and 4 (fork launcher, 1 ATen
-// thread per rank). FSDP and DDP are timed in one world, their steps alternating.
+// thread per rank).
 //
 //   tdc_bench fsdp --out FILE [--repeat N] [--worlds 2|4|2,4] [--fsdp1]   (or: ./tdc bench fsdp|fsdp1 --out FILE)
 //
@@ -13,22 +13,21 @@
 // A step is forward + loss (MSE on MLPStack / token cross-entropy on Transformer) + backward +
 // SGD step (lr 1e-3, no momentum; torch::optim::SGD, zero_grad sets gradients to none). The
 // single-process case runs the whole global batch in one process (a world of 1, plain model); the
-// FSDP-and-DDP case runs world_size ranks, each on global_batch / world_size samples, training one
-// FSDP model and one DDP model step by step in alternation ([Note: FSDP and DDP timed in
-// alternation]). Each case:
+// DDP and FSDP cases run world_size ranks, each on global_batch / world_size samples, each in
+// kBlocks worlds that alternate ([Note: FSDP and DDP timed in alternating worlds]). Each case:
 // kWarmup untimed steps (tdc's FSDP root initialises lazily in the first), then N timed steps;
 // the figure is rank 0's median step (the ranks move in lock step: every step ends in the same
 // collectives). Output schema: docs/results-schema.md, "FSDP benchmark" ("tdc" part).
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -108,15 +107,16 @@ bool g_fsdp1 = false;
 // FsdpNoChecks: FSDP with tdc's cross-rank collective argument checks off (comm::
 // set_argument_checks(false), what TDC_COMM_CHECKS=0 does). They are on by default and cost one
 // small extra exchange per collective; PyTorch has no such check unless TORCH_DISTRIBUTED_DEBUG
-// is set, so this case shows how much of tdc's step they are. FsdpAndDdp times FSDP and DDP in
-// one world, step by step ([Note: FSDP and DDP timed in alternation]).
-enum class Mode { Single, FsdpAndDdp, FsdpNoChecks };
+// is set, so this case shows how much of tdc's step they are.
+enum class Mode { Single, Ddp, Fsdp, FsdpNoChecks };
 const char* mode_name(Mode m) {
   switch (m) {
     case Mode::Single:
       return "single";
-    case Mode::FsdpAndDdp:
-      return g_fsdp1 ? "fsdp1+ddp" : "fsdp+ddp";
+    case Mode::Ddp:
+      return "ddp";
+    case Mode::Fsdp:
+      return g_fsdp1 ? "fsdp1" : "fsdp";
     case Mode::FsdpNoChecks:
       return g_fsdp1 ? "fsdp1-nochecks" : "fsdp-nochecks";
   }
@@ -133,83 +133,66 @@ tdc::nn::ModulePtr wrap_fsdp1(const ModelCase& m, tdc::nn::ModulePtr model) {
   return tdc::fsdp1::FullyShardedDataParallel::make(std::move(model), options);
 }
 
-// One model being trained on the calling rank: plain, DDP-wrapped or FSDP'd, with its optimizer.
-struct Trainer {
-  enum class Kind { Plain, Ddp, Fsdp };
-  tdc::nn::ModulePtr model;
-  std::shared_ptr<tdc::ddp::DistributedDataParallel> ddp;
-  tdc::nn::Module* call = nullptr;
-  std::unique_ptr<torch::optim::SGD> opt;
-  int64_t full_numel = 0;  // the model's parameters before sharding
-
-  Trainer(const ModelCase& m, Kind kind, const tdc::comm::GroupPtr& group) {
-    at::manual_seed(1234);  // the same initial weights on every rank, and in every trainer
-    model = m.make();
-    for (const auto& p : model->params()) full_numel += p.numel();
-    call = model.get();
-    if (kind == Kind::Ddp) {
-      ddp = std::make_shared<tdc::ddp::DistributedDataParallel>(model, group);
-      call = ddp.get();
-    } else if (kind == Kind::Fsdp && g_fsdp1) {
-      model = wrap_fsdp1(m, model);
-      call = model.get();
-    } else if (kind == Kind::Fsdp) {
-      m.shard(*model);
-    }
-    opt = std::make_unique<torch::optim::SGD>(model->params(), torch::optim::SGDOptions(kLr));
-  }
-
-  // One step; its wall time in milliseconds.
-  double step(const tdc::nn::Tensors& inputs, const at::Tensor& target) {
-    auto t0 = Clock::now();
-    at::Tensor loss = loss_of((*call)(inputs).at(0), target);
-    loss.backward();
-    opt->step();
-    opt->zero_grad(/*set_to_none=*/true);
-    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  }
-};
-
-// [Note: FSDP and DDP timed in alternation] Issue 28's figure is FSDP's step over DDP's. Timed
-// in two worlds one after the other, the two steps saw different machines: on a VM whose speed
-// drifts by 20-40 % within minutes, one round's FSDP / DDP ranged from 1.26 to 1.96
-// (docs/bench/README.md). So the FsdpAndDdp case builds both on the same ranks, the same group
-// and the same batches, and alternates their steps (DDP first on even steps, FSDP first on odd
-// ones, so neither always follows the other); each step still ends in its own collectives, so the
-// two never overlap. A drift then moves both medians alike and cancels in their ratio.
-
-// One case on the calling rank; rank 0 writes {"step_ms", "p90_ms", "params"} and, for
-// FsdpAndDdp, {"ddp_step_ms"} to `result`: the medians of the timed steps.
+// One case on the calling rank; rank 0 writes {"step_ms", "p90_ms", "steps_ms" (every timed step),
+// "params"} to `result`.
 void run_case(const ModelCase& m, Mode mode, int repeat, const std::string& result) {
   auto group = tdc::conformance::world();
   const int world = group->size(), rank = group->rank();
   tdc::comm::set_argument_checks(mode != Mode::FsdpNoChecks);
-  const Trainer::Kind kind = mode == Mode::Single ? Trainer::Kind::Plain : Trainer::Kind::Fsdp;
-  Trainer main(m, kind, group);
-  std::unique_ptr<Trainer> ddp;
-  if (mode == Mode::FsdpAndDdp) ddp = std::make_unique<Trainer>(m, Trainer::Kind::Ddp, group);
-
+  at::manual_seed(1234);  // the same initial weights on every rank
+  tdc::nn::ModulePtr model = m.make();
+  int64_t numel = 0;
+  for (const auto& p : model->params()) numel += p.numel();  // before sharding: the full model
+  std::shared_ptr<tdc::ddp::DistributedDataParallel> ddp;
+  tdc::nn::Module* call = model.get();
+  if (mode == Mode::Ddp) {
+    ddp = std::make_shared<tdc::ddp::DistributedDataParallel>(model, group);
+    call = ddp.get();
+  } else if ((mode == Mode::Fsdp || mode == Mode::FsdpNoChecks) && g_fsdp1) {
+    model = wrap_fsdp1(m, model);
+    call = model.get();
+  } else if (mode == Mode::Fsdp || mode == Mode::FsdpNoChecks) {
+    m.shard(*model);
+  }
   const int64_t local_batch = m.global_batch / world;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(4321 + rank);
   tdc::nn::Tensors inputs = m.inputs(local_batch, gen);
   at::Tensor target = m.target(local_batch, gen);
+  torch::optim::SGD opt(model->params(), torch::optim::SGDOptions(kLr));
 
-  std::vector<double> ms, ddp_ms;
+  std::vector<double> ms;
   if (world > 1) tdc::comm::barrier(group);
   for (int i = 0; i < kWarmup + repeat; ++i) {
-    double t = 0, d = 0;
-    if (ddp && i % 2 == 0) d = ddp->step(inputs, target);
-    t = main.step(inputs, target);
-    if (ddp && i % 2 == 1) d = ddp->step(inputs, target);
-    if (i < kWarmup) continue;
-    ms.push_back(t);
-    if (ddp) ddp_ms.push_back(d);
+    auto t0 = Clock::now();
+    at::Tensor loss = loss_of((*call)(inputs).at(0), target);
+    loss.backward();
+    opt.step();
+    opt.zero_grad(/*set_to_none=*/true);
+    double t = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    if (i >= kWarmup) ms.push_back(t);
   }
   if (rank != 0) return;
-  json r = {
-      {"step_ms", tdc::bench::median(ms)}, {"p90_ms", tdc::bench::percentile(ms, 0.9)}, {"params", main.full_numel}};
-  if (ddp) r["ddp_step_ms"] = tdc::bench::median(ddp_ms);
+  json r = {{"step_ms", tdc::bench::median(ms)},
+            {"p90_ms", tdc::bench::percentile(ms, 0.9)},
+            {"steps_ms", ms},
+            {"params", numel}};
   std::ofstream(result) << r.dump() << "\n";
+}
+
+// [Note: FSDP and DDP timed in alternating worlds] Issue 28's figure is FSDP's step over DDP's.
+// Timed in one world each, one after the other, that ratio moved from 1.26 to 1.96 between rounds
+// of the same build on a 2-vCPU VM (docs/bench/README.md): a world's speed depends on where its
+// ranks and Gloo's threads land and on the VM's drift, and one world of each kind drew that luck
+// once. So each kind runs in kBlocks worlds, alternating (DDP first in odd blocks, FSDP first in
+// even ones), and its figure is the median of all its timed steps: both kinds sample the same
+// stretch of time and as many placements. Each model still trains alone in its world: the two in
+// one world, step by step in turn, measured FSDP / DDP higher at world 4 than either alone
+// (1.43-1.62 against 1.28-1.46, 2026-11-29): the models' memory disturbs the other's steps.
+constexpr int kBlocks = 4;
+
+void with_medians(json& j, const std::vector<double>& ms) {
+  j["step_ms"] = tdc::bench::median(ms);
+  j["p90_ms"] = tdc::bench::percentile(ms, 0.9);
 }
 
 // --fsdp1 is this program's; the rest goes to tdc::bench::parse_args.
@@ -238,31 +221,53 @@ int run(int argc, char** argv) {
 
   const tdc::bench::TempDir tmp("tdc-bench-fsdp");
   const fs::path& dir = tmp.path();
-  const int total = static_cast<int>(std::size(kModels) * (1 + 2 * args.worlds.size()));
+  const int total =
+      static_cast<int>(std::size(kModels) * (1 + (1 + 2 * std::min(kBlocks, repeat)) * args.worlds.size()));
   int done = 0;
   auto bench_start = Clock::now();
   std::string started_at = tdc::harness::iso_now();
 
-  // Runs one case in a fresh world; returns rank 0's result or prints why it failed.
-  auto run = [&](const ModelCase& m, int world, Mode mode) -> std::optional<json> {
+  // Runs one case in a fresh world: `steps` timed steps; returns rank 0's result or prints why it failed.
+  auto run = [&](const ModelCase& m, int world, Mode mode, int steps, const std::string& block) -> std::optional<json> {
     std::string result = (dir / fmt::format("{}-{}-{}.json", m.name, mode_name(mode), world)).string();
     tdc::harness::LaunchSpec spec;
     spec.suite = g_fsdp1 ? "FSDP1Bench" : "FSDPBench";
     spec.name = fmt::format("{}_{}_{}", m.name, mode_name(mode), world);
     spec.world_size = world;
     spec.launcher = tdc::harness::Launcher::Fork;
-    spec.timeout_s = 120 + 2.0 * repeat;
+    spec.timeout_s = 120 + 2.0 * steps;
     const std::string label =
-        fmt::format("[tdc {}/{}] {:<11} {:<13} world {}", done + 1, total, m.name, mode_name(mode), world);
-    auto j = tdc::bench::run_case_and_read(spec, label, result, [&] { run_case(m, mode, repeat, result); });
+        fmt::format("[tdc {}/{}] {:<11} {:<13} world {}{}", done + 1, total, m.name, mode_name(mode), world, block);
+    auto j = tdc::bench::run_case_and_read(spec, label, result, [&] { run_case(m, mode, steps, result); });
     ++done;
     return j;
+  };
+  // DDP and FSDP of one model and world: kBlocks worlds of each, alternating ([Note: FSDP and DDP
+  // timed in alternating worlds]); rank 0's steps of all of a kind's worlds, pooled.
+  auto run_alternating = [&](const ModelCase& m, int world) -> std::optional<std::pair<json, json>> {
+    const int blocks = std::min(kBlocks, repeat);
+    std::vector<double> ddp_ms, fsdp_ms;
+    for (int b = 0; b < blocks; ++b) {
+      const int steps = repeat / blocks + (b < repeat % blocks ? 1 : 0);
+      const std::string block = fmt::format(" ({}/{})", b + 1, blocks);
+      for (Mode mode : b % 2 == 0 ? std::array{Mode::Ddp, Mode::Fsdp} : std::array{Mode::Fsdp, Mode::Ddp}) {
+        auto j = run(m, world, mode, steps, block);
+        if (!j) return std::nullopt;
+        auto ms = (*j)["steps_ms"].get<std::vector<double>>();
+        auto& pool = mode == Mode::Ddp ? ddp_ms : fsdp_ms;
+        pool.insert(pool.end(), ms.begin(), ms.end());
+      }
+    }
+    json d, f;
+    with_medians(d, ddp_ms);
+    with_medians(f, fsdp_ms);
+    return std::pair{d, f};
   };
 
   json cases = json::object(), models = json::object();
   bool ok = true;
   for (const ModelCase& m : kModels) {
-    auto single = run(m, 1, Mode::Single);
+    auto single = run(m, 1, Mode::Single, repeat, "");
     if (!single) {
       ok = false;
       break;
@@ -273,16 +278,17 @@ int run(int argc, char** argv) {
                       {"single_step_ms", single_ms},
                       {"config", m.config}};
     for (int world : args.worlds) {
-      auto f = run(m, world, Mode::FsdpAndDdp);
-      auto fn = f ? run(m, world, Mode::FsdpNoChecks) : std::nullopt;
-      if (!f || !fn) {
+      auto df = run_alternating(m, world);
+      auto fn = df ? run(m, world, Mode::FsdpNoChecks, repeat, "") : std::nullopt;
+      if (!df || !fn) {
         ok = false;
         break;
       }
+      const auto& [d, f] = *df;
       cases[m.name][std::to_string(world)] = {
           {"local_batch", m.global_batch / world}, {"single_step_ms", single_ms},
-          {"ddp_step_ms", (*f)["ddp_step_ms"]},    {"tdc_fsdp_step_ms", (*f)["step_ms"]},
-          {"tdc_fsdp_p90_ms", (*f)["p90_ms"]},     {"tdc_fsdp_nochecks_step_ms", (*fn)["step_ms"]}};
+          {"ddp_step_ms", d["step_ms"]},           {"tdc_fsdp_step_ms", f["step_ms"]},
+          {"tdc_fsdp_p90_ms", f["p90_ms"]},        {"tdc_fsdp_nochecks_step_ms", (*fn)["step_ms"]}};
     }
     if (!ok) break;
   }
