@@ -384,35 +384,38 @@ Work reduce_scatter_by_emulation(const ProcessGroup& g, const Staged& s, const a
   if (ridden) {  // [Note: a small collective rides with its check] (checks.cpp)
     for (int src = 0; src < n; ++src) {
       at::Tensor row = received.narrow(0, src * chunk, chunk);
-      if (src == g.rank()) {
+      if (src == me) {
         row.copy_(in.narrow(0, src * chunk, chunk));
       } else {
         ridden->copy_from(src, row);
       }
     }
-  } else if (pairwise) {
+  }
+  std::vector<at::Tensor> rows;  // rank k's contribution to this rank's chunk, k = 0 .. n-1
+  if (pairwise) {
     std::vector<int64_t> out_splits(2, 0);
     out_splits[peer] = chunk;
     // Two vectors: c10d's Gloo work may move from each (one vector passed as both failed Gloo's checks).
     std::vector<int64_t> in_splits = out_splits;
     at::Tensor to_peer = in.narrow(0, peer * chunk, chunk);
     w = g.backend().alltoall_base(received, to_peer, out_splits, in_splits, opts);
-  } else {
-    std::vector<int64_t> even;
-    at::Tensor to_all = in;
-    w = g.backend().alltoall_base(received, to_all, even, even, opts);
-  }
-  std::vector<at::Tensor> rows = pairwise ? std::vector<at::Tensor>(2) : received.view({n, -1}).unbind(0);
-  if (pairwise) {
+    rows.resize(2);
     rows[me] = in.narrow(0, me * chunk, chunk);
     rows[peer] = received;
+  } else {
+    if (!ridden) {
+      std::vector<int64_t> even;
+      at::Tensor to_all = in;
+      w = g.backend().alltoall_base(received, to_all, even, even, opts);
+    }
+    rows = received.view({n, -1}).unbind(0);
   }
   return finish(
       std::move(w),
-      [s, rows, op, ring_order, rank = g.rank()] {
+      [s, rows, op, ring_order, me] {
         at::Tensor out = s.buf.view({s.buf.numel()});
         if (ring_order) {
-          reduce_in_ring_order(out, rows, op, rank);
+          reduce_in_ring_order(out, rows, op, me);
         } else {
           reduce_in_rank_order(out, rows, op);
         }
