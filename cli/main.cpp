@@ -236,7 +236,9 @@ Commands:
            'tdc bench ddp --out FILE' compares DDP and single-process step times,
            'tdc bench fsdp --out FILE' compares tdc's FSDP2 with PyTorch's fully_shard (+ plot),
            'tdc bench checkpoint --out FILE' checkpoint save/load MB/s: tdc, PyTorch's DCP, dd (+ plot),
-           'tdc bench pipelining --out FILE' pipeline step time per schedule: tdc vs PyTorch (+ plot)
+           'tdc bench pipelining --out FILE' pipeline step time per schedule: tdc vs PyTorch (+ plot),
+           'tdc bench kernel --out FILE' the kernel's price of a system call, a thread hand-off and
+           a loopback TCP message on this machine
   parity   numeric parity with real PyTorch: every scenario of fixtures/scenarios trains in
            tdc and in PyTorch 2.13 from the same weights and data; per-scenario verdicts in
            OUT/parity.json, a table, exit 1 unless all pass

@@ -18,3 +18,6 @@ int run(int argc, char** argv);
 namespace bench_pipelining {
 int run(int argc, char** argv);
 }
+namespace bench_kernel {
+int run(int argc, char** argv);
+}

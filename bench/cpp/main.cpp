@@ -1,6 +1,6 @@
 // tdc_bench: the tdc side of `tdc bench`, one binary for every benchmark.
 //
-//   tdc_bench harness|ddp|fsdp|checkpoint|pipelining --out FILE [options]   (--help: a benchmark's)
+//   tdc_bench harness|ddp|fsdp|checkpoint|pipelining|kernel --out FILE [options]   (--help: a benchmark's)
 //
 // [Note: one benchmark binary] The five benchmarks were five programs; each compile parsed
 // LibTorch's and tdc's headers again (about 17 s of a 17-19 s TU). As one binary, their sources
@@ -25,10 +25,12 @@ constexpr Benchmark kBenchmarks[] = {{"harness", bench_harness::run},
                                      {"ddp", bench_ddp::run},
                                      {"fsdp", bench_fsdp::run},
                                      {"checkpoint", bench_checkpoint::run},
-                                     {"pipelining", bench_pipelining::run}};
+                                     {"pipelining", bench_pipelining::run},
+                                     {"kernel", bench_kernel::run}};
 
 int usage(const char* why) {
-  fmt::print(stderr, "tdc_bench: {}\nusage: tdc_bench harness|ddp|fsdp|checkpoint|pipelining --out FILE [options]\n",
+  fmt::print(stderr,
+             "tdc_bench: {}\nusage: tdc_bench harness|ddp|fsdp|checkpoint|pipelining|kernel --out FILE [options]\n",
              why);
   return 2;
 }

@@ -1,11 +1,11 @@
 // `tdc bench harness` / `tdc bench ddp` / `tdc bench fsdp` / `tdc bench fsdp1` / `tdc bench
-// checkpoint` / `tdc bench pipelining`: runs the tdc side, `tdc_bench NAME` (fsdp1: `tdc_bench fsdp
+// checkpoint` / `tdc bench pipelining` / `tdc bench kernel`: runs the tdc side, `tdc_bench NAME` (fsdp1: `tdc_bench fsdp
 // --fsdp1`; one process per run, so that its forks start from a clean process; [Note: one benchmark
 // binary]) and prints its numbers (the harness's against their targets). fsdp, fsdp1, checkpoint
 // and pipelining also run the PyTorch side (bench/pytorch/<name>_pytorch.py, the venv's python;
 // fsdp1: fsdp's with --fsdp1), merge both into one JSON and plot it (bench/pytorch/<name>_plot.py
 // -> the JSON's name with .png). One driver per benchmark in this folder (harness.cpp, ddp.cpp,
-// fsdp.cpp, checkpoint.cpp, pipelining.cpp), the helpers they share in support.{h,cpp}; this file
+// fsdp.cpp, checkpoint.cpp, pipelining.cpp, kernel.cpp), the helpers they share in support.{h,cpp}; this file
 // picks the driver.
 #include <optional>
 
@@ -26,7 +26,7 @@ const std::vector<OptionSpec> kBenchOptions = {
     {"repeat", "N",
      "harness: timed launches per case and launcher (default 20; the smoke test "
      "uses 3); ddp, fsdp, fsdp1, pipelining: timed steps per case (default 10); checkpoint: "
-     "timed save/load calls per case, the best counts (default 3)"},
+     "timed save/load calls per case, the best counts (default 3); kernel: rounds of every measurement (default 5)"},
     {"worlds", "LIST",
      "ddp, fsdp, fsdp1, checkpoint: the world sizes; pipelining: the pp sizes; 2, 4 or 2,4 (default 2,4; "
      "the smoke tests use 2)"},
@@ -51,7 +51,8 @@ constexpr const char* kBenchUsage =
     "       tdc bench fsdp1 [--out FILE] [--repeat N] [--worlds LIST] [--rounds R] [--python PY]\n"
     "       tdc bench checkpoint [--out FILE] [--repeat N] [--worlds LIST] [--rounds R] [--mb MB] [--dir DIR]\n"
     "                            [--python PY]\n"
-    "       tdc bench pipelining [--out FILE] [--repeat N] [--worlds LIST] [--rounds R] [--python PY]\n\n"
+    "       tdc bench pipelining [--out FILE] [--repeat N] [--worlds LIST] [--rounds R] [--python PY]\n"
+    "       tdc bench kernel [--out FILE] [--repeat N]\n\n"
     "harness: times tdc::harness::launch() for 4-rank tests (cases 'empty' and 'all_reduce',\n"
     "launchers fork and thread): wall time per test including process/thread start, rendezvous,\n"
     "body and teardown. JSON: docs/results-schema.md, 'Harness benchmark'.\n"
@@ -76,6 +77,10 @@ constexpr const char* kBenchUsage =
     "LoopedBFS and InterleavedZeroBubble at pp 2 and 4 (plain stages, world = pp; multi-stage\n"
     "schedules 2 stages per rank), with each schedule's bubble fraction. Writes the JSON and a PNG\n"
     "plot next to it. JSON: docs/results-schema.md, 'Pipelining benchmark'.\n"
+    "kernel: what this machine's kernel charges for the events a Gloo collective is made of, each\n"
+    "timed alone as a ping-pong: a null system call, a hand-off between two threads on one CPU, a\n"
+    "64-byte loopback TCP message with both ends on one CPU and on two (wall and system time per\n"
+    "event; --repeat: rounds, default 5). JSON: docs/results-schema.md, 'Kernel benchmark'.\n"
     "All show progress, write JSON and print a table.\n\n"
     "Options:\n";
 
@@ -101,6 +106,7 @@ const Benchmark kBenchmarks[] = {
      true, false},
     {"checkpoint", bench::bench_checkpoint, true, true},
     {"pipelining", bench::bench_pipelining, true, false},
+    {"kernel", bench::bench_kernel, false, false},
 };
 
 }  // namespace
@@ -128,6 +134,8 @@ int bench_command(const std::vector<std::string>& args) {
     throw UsageError("bench: --mb and --dir are options of 'tdc bench checkpoint' only");
   if (name == "harness" && a.get("worlds"))
     throw UsageError("bench: --worlds is not an option of 'tdc bench harness' (its tests have 4 ranks)");
+  if (name == "kernel" && a.get("worlds"))
+    throw UsageError("bench: --worlds is not an option of 'tdc bench kernel' (it times single events, not worlds)");
   bench::worlds_option(a);  // refuses a bad value before anything runs
   const fs::path build = resolve_build_dir(a.get("build-dir"));
   const fs::path out = fs::absolute(a.get("out").value_or(fmt::format("results/bench-{}.json", name)));

@@ -111,5 +111,7 @@ int bench_checkpoint(const ParsedArgs& a, const std::filesystem::path& build, co
                      std::optional<int> repeat);
 int bench_pipelining(const ParsedArgs& a, const std::filesystem::path& build, const std::filesystem::path& out,
                      std::optional<int> repeat);
+int bench_kernel(const ParsedArgs& a, const std::filesystem::path& build, const std::filesystem::path& out,
+                 std::optional<int> repeat);
 
 }  // namespace tdc::cli::bench
