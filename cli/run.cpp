@@ -3,6 +3,7 @@
 // print a summary. A binary that dies without results is reported, never dropped.
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -587,6 +588,23 @@ int verdict(const Options& o, const RunResults& merged, const TestsRun& run, siz
   return run.interrupted ? kExitInterrupted : code;
 }
 
+// CPU seconds, user and system, of this process and of every child it has reaped: the children's
+// include their own reaped children (a test binary's ranks), so after the run this is what `time`
+// reports for it.
+struct CpuSeconds {
+  double user = 0, system = 0;
+};
+CpuSeconds cpu_seconds() {
+  CpuSeconds c;
+  for (int who : {RUSAGE_SELF, RUSAGE_CHILDREN}) {
+    rusage r{};
+    ::getrusage(who, &r);
+    c.user += static_cast<double>(r.ru_utime.tv_sec) + static_cast<double>(r.ru_utime.tv_usec) * 1e-6;
+    c.system += static_cast<double>(r.ru_stime.tv_sec) + static_cast<double>(r.ru_stime.tv_usec) * 1e-6;
+  }
+  return c;
+}
+
 }  // namespace
 
 // [Note: a run's steps]
@@ -599,6 +617,7 @@ int run_command(const std::vector<std::string>& args) {
   const Options o = parse_options(a);
   const std::string started_at = harness::iso_now();
   const auto t0 = std::chrono::steady_clock::now();
+  const CpuSeconds cpu0 = cpu_seconds();
 
   std::vector<Binary> binaries = select_binaries(o);
   if (o.impl) {
@@ -616,6 +635,9 @@ int run_command(const std::vector<std::string>& args) {
   RunResults merged = assemble(o, std::move(records), run, revision);
   merged.run_info.started_at = started_at;
   merged.run_info.duration_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const CpuSeconds cpu1 = cpu_seconds();
+  merged.run_info.user_s = cpu1.user - cpu0.user;
+  merged.run_info.system_s = cpu1.system - cpu0.system;
   write_outputs(o, merged, run);
   return verdict(o, merged, run, binaries.size());
 }

@@ -115,6 +115,10 @@ nlohmann::json to_json(const RunResults& r) {
       {"started_at", i.started_at},
       {"duration_s", i.duration_s},
   };
+  if (i.user_s > 0 || i.system_s > 0) {
+    run_info["user_s"] = i.user_s;
+    run_info["system_s"] = i.system_s;
+  }
   json tests = json::array();
   for (const TestResult& t : r.tests) {
     json ranks = json::array();
@@ -202,6 +206,8 @@ RunInfo run_info_from_json(Reader ri) {
   i.host = ri.string_or("host", "");
   i.started_at = ri.string_or("started_at", "");
   i.duration_s = ri.number_or("duration_s", 0);
+  i.user_s = ri.number_or("user_s", 0);
+  i.system_s = ri.number_or("system_s", 0);
   return i;
 }
 

@@ -52,6 +52,8 @@ class ResultsTest : public ::testing::Test {
     r.run_info.host = "host<&>";
     r.run_info.started_at = "2025-01-02T03:04:05Z";
     r.run_info.duration_s = 12.5;
+    r.run_info.user_s = 20.25;
+    r.run_info.system_s = 4.5;
     int k = 0;
     for (Status s : kAllStatuses) {
       TestResult t;
@@ -138,6 +140,8 @@ TEST_F(ResultsTest, JsonRoundTripOfEveryStatus) {
   EXPECT_EQ(back.run_info.host, "host<&>");
   EXPECT_EQ(back.run_info.started_at, "2025-01-02T03:04:05Z");
   EXPECT_DOUBLE_EQ(back.run_info.duration_s, 12.5);
+  EXPECT_DOUBLE_EQ(back.run_info.user_s, 20.25);
+  EXPECT_DOUBLE_EQ(back.run_info.system_s, 4.5);
   ASSERT_EQ(back.tests.size(), r.tests.size());
   for (size_t i = 0; i < r.tests.size(); ++i) {
     const TestResult &a = r.tests[i], &b = back.tests[i];

@@ -86,6 +86,9 @@ struct RunInfo {
   std::string host;
   std::string started_at;  // ISO-8601 UTC
   double duration_s = 0;
+  // CPU seconds of the run and of every process it started and reaped (`tdc run`: what `time`
+  // reports for it); 0 where not measured (a test binary's own results), and then not written.
+  double user_s = 0, system_s = 0;
 };
 
 struct RunResults {
