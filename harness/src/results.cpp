@@ -95,8 +95,8 @@ bool RunResults::ok() const {
 
 // ------------------------------------------------------------------ JSON
 
-nlohmann::json to_json(const RunResults& r) {
-  const RunInfo& i = r.run_info;
+namespace {
+json run_info_json(const RunInfo& i) {
   json run_info = {
       {"implementation", i.implementation},
       {"implementation_version", i.implementation_version},
@@ -119,6 +119,12 @@ nlohmann::json to_json(const RunResults& r) {
     run_info["user_s"] = i.user_s;
     run_info["system_s"] = i.system_s;
   }
+  return run_info;
+}
+}  // namespace
+
+nlohmann::json to_json(const RunResults& r) {
+  json run_info = run_info_json(r.run_info);
   json tests = json::array();
   for (const TestResult& t : r.tests) {
     json ranks = json::array();
