@@ -19,12 +19,12 @@ using harness::RunResults;
 using harness::Status;
 
 namespace {
-// "; CPU 30.8 s user + 10.7 s system: the kernel's is 44 % of the wall time" (issue 28's kernel
+// "; CPU 30.8 s user + 10.7 s system; kernel time 44 % of wall" (issue 28's kernel
 // share, as `time tdc run` would give it); empty where the run did not measure it.
 std::string cpu_text(const harness::RunInfo& i, double wall) {
   if (i.user_s <= 0 && i.system_s <= 0) return "";
-  return fmt::format("; CPU {:.1f} s user + {:.1f} s system: the kernel's is {:.0f} % of the wall time", i.user_s,
-                     i.system_s, wall > 0 ? 100 * i.system_s / wall : 0.0);
+  return fmt::format("; CPU {:.1f} s user + {:.1f} s system; kernel time {:.0f} % of wall", i.user_s, i.system_s,
+                     wall > 0 ? 100 * i.system_s / wall : 0.0);
 }
 }  // namespace
 
