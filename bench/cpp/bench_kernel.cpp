@@ -21,6 +21,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -191,12 +192,19 @@ Price tcp_message(int here, int there) {
   if (child == 0) echo_peer(addr, there);
   int fd = ::accept(listener, nullptr, nullptr);
   ::close(listener);
-  if (fd < 0) throw std::runtime_error(fmt::format("accept: {}", std::strerror(errno)));
-  no_delay(fd);
-  char buf[kMessageBytes] = {};
-  for (int i = 0; i < kMessages; ++i) {
-    send_all(fd, buf);
-    recv_all(fd, buf);
+  try {
+    if (fd < 0) throw std::runtime_error(fmt::format("accept: {}", std::strerror(errno)));
+    no_delay(fd);
+    char buf[kMessageBytes] = {};
+    for (int i = 0; i < kMessages; ++i) {
+      send_all(fd, buf);
+      recv_all(fd, buf);
+    }
+  } catch (...) {  // no echoing process outlives the benchmark
+    if (fd >= 0) ::close(fd);
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+    throw;
   }
   ::close(fd);
   int status = 0;
